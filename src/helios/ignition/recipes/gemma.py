@@ -61,27 +61,12 @@ def architecture_from_config(source: str, config: Mapping[str, Any], tensors: Ch
     _check_activation(source, config)
     if config.get("use_bidirectional_attention"):
         raise UnsupportedCheckpoint("use_bidirectional_attention is not supported (the programs attend causally)")
-    num_layers, num_heads = int(config["num_hidden_layers"]), int(config["num_attention_heads"])
+    num_layers = int(config["num_hidden_layers"])
     for key in ("head_dim", "intermediate_size", "rms_norm_eps"):
         if config[key] is None:  # the reference computes with them: a null breaks it
             raise UnsupportedCheckpoint(f"config.json: {key} must be a number, got null")
-    dtype = dtype or llama._checkpoint_dtype(config, tensors)
-    prefix = "model.layers.0.self_attn."
     common = dict(
-        vocab_size=int(config["vocab_size"]),
-        hidden_size=int(config["hidden_size"]),
-        intermediate_size=int(config["intermediate_size"]),
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
-        head_dim=int(config["head_dim"]),
-        rms_norm_eps=float(config["rms_norm_eps"]),
-        qkv_bias=prefix + "q_proj.bias" in tensors,
-        o_bias=prefix + "o_proj.bias" in tensors,
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
-        dtype=dtype,
-        mlp_activation="gelu_tanh",
-        embedding_scale=gemma3.embedding_scale(int(config["hidden_size"]), dtype),
+        **gemma3.gemma_fields(config, tensors, dtype),
         rotary_factor=llama.rope_attention_factor(config),  # YaRN's factor on cos/sin, as the reference's rope
     )
     if source == GEMMA:

@@ -63,7 +63,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
 
 def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Architecture:
     _refuse_unsupported(config)
-    num_layers, num_heads = int(config["num_hidden_layers"]), int(config["num_attention_heads"])
+    num_layers = int(config["num_hidden_layers"])
     kinds = layer_types(config, num_layers)
     window = config.get("sliding_window")
     if "sliding_attention" in kinds and not (isinstance(window, int) and window > 0):
@@ -75,29 +75,39 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
     scalar = config["query_pre_attn_scalar"]
     if not scalar > 0:  # its inverse square root scales the attention
         raise UnsupportedCheckpoint(f"config.json: query_pre_attn_scalar must be positive, got {scalar!r}")
+    return Architecture(
+        **gemma_fields(config, tensors, dtype),
+        layer_windows=tuple(int(window) if kind == "sliding_attention" else 0 for kind in kinds),
+        qk_norm=True,
+        sandwich_norms=True,
+        query_pre_attn_scalar=float(scalar),
+        local_rope_layers=tuple(layer for layer, kind in enumerate(kinds) if kind == "sliding_attention"),
+        logit_softcap=_logit_softcap(config),
+    )
+
+
+def gemma_fields(config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> dict[str, Any]:
+    """The `Architecture` fields every Gemma generation reads alike (on a config whose head_dim,
+    intermediate_size and rms_norm_eps are not null): the geometry, the q/o biases the checkpoint
+    holds, tied embeddings unless untied, the dtype, the gelu-tanh MLP and the scaled embeddings."""
+    num_heads = int(config["num_attention_heads"])
     dtype = dtype or llama._checkpoint_dtype(config, tensors)
     prefix = "model.layers.0.self_attn."
-    return Architecture(
+    return dict(
         vocab_size=int(config["vocab_size"]),
         hidden_size=int(config["hidden_size"]),
         intermediate_size=int(config["intermediate_size"]),
-        num_layers=num_layers,
+        num_layers=int(config["num_hidden_layers"]),
         num_heads=num_heads,
         num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
         head_dim=int(config["head_dim"]),
         rms_norm_eps=float(config["rms_norm_eps"]),
-        layer_windows=tuple(int(window) if kind == "sliding_attention" else 0 for kind in kinds),
         qkv_bias=prefix + "q_proj.bias" in tensors,
         o_bias=prefix + "o_proj.bias" in tensors,
-        qk_norm=True,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
         dtype=dtype,
-        sandwich_norms=True,
         mlp_activation="gelu_tanh",
         embedding_scale=embedding_scale(int(config["hidden_size"]), dtype),
-        query_pre_attn_scalar=float(scalar),
-        local_rope_layers=tuple(layer for layer, kind in enumerate(kinds) if kind == "sliding_attention"),
-        logit_softcap=_logit_softcap(config),
     )
 
 
