@@ -40,6 +40,7 @@ taken over the min-p survivors' mass; transformers and Helios take it before min
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -335,7 +336,13 @@ def test_presence_and_frequency_ignore_prompt_ids(monkeypatch):
     assert torch.equal(probs, reference_probs(logits, dict(temperature=1.0)))
 
 
-@pytest.mark.parametrize("case", ["top_k", "top_p", "biased_filtered", "temperature_tiny"])
+# The fused pipeline's draws run the Triton kernels under the interpreter here (about 10 s a probed case):
+# the suite probes the cases below; HELIOS_FUSED_PROBES_ALL=1 adds top-p over a 1000-id row and the two tie
+# cases, which test_triton_draws checks kernel-side (ties, strict top-p) against the reference in the suite.
+_FUSED_ALL = os.environ.get("HELIOS_FUSED_PROBES_ALL") == "1"
+
+
+@pytest.mark.parametrize("case", ["top_k", "biased_filtered", "temperature_tiny", *(["top_p"] if _FUSED_ALL else [])])
 def test_fused_pass_gives_the_reference_distribution(monkeypatch, case):
     logits, settings = CASES[case]
     assert_probes_match(monkeypatch, "fused", logits, settings)
@@ -345,8 +352,8 @@ def test_fused_pass_with_penalties_and_ties(monkeypatch):
     logits, prompt_ids, output_ids = penalised_row(300, 22)
     settings = dict(temperature=0.9, repetition=1.2, presence=0.75, frequency=0.5, top_k=50, top_p=0.9)
     assert_probes_match(monkeypatch, "fused", logits, settings, prompt_ids, output_ids)
-    assert_probes_match(monkeypatch, "fused", *TIE_CASES["top_k_splits_a_lower_tie"])
-    assert_probes_match(monkeypatch, "fused", *TIE_CASES["all_equal_top_p"])
+    for case in ("top_k_splits_a_lower_tie", "all_equal_top_p") if _FUSED_ALL else ():
+        assert_probes_match(monkeypatch, "fused", *TIE_CASES[case])
 
 
 @pytest.mark.parametrize("case", ["top_k", "biased", "temperature_1"])
@@ -379,7 +386,7 @@ def test_seeded_draws_are_inverse_cdf_draws_of_the_reference(pipeline):
     order may decide: such draws are left out (none expected: each falls there with probability
     2 * EDGE per boundary)."""
     logits, settings = CASES["all_filters" if pipeline != "fused" else "top_k_then_top_p"]
-    num_draws = 1000 if pipeline != "fused" else 100  # the interpreted kernel is slow
+    num_draws = 1000 if pipeline != "fused" else 50  # the interpreted kernel is slow (about 0.3 s a draw)
     probs = reference_probs(logits, settings)
     tokens, uniforms = seeded_draws(logits, settings, num_draws, pipeline)
     order, cumulative = inverse_cdf(probs)
