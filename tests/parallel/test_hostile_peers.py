@@ -410,3 +410,25 @@ def test_a_stop_signal_while_serving_ends_the_rank_with_one_line(cores):
         zero.wait()
     assert status == 143, lines
     assert lines[-1] == "helios rank: stopped by SIGTERM" and len(lines) <= 2, lines
+
+
+def test_a_rank_line_is_one_write(monkeypatch):
+    """The worker's "serving" line and a stop signal's line (printed by the main thread) are two
+    writers of stderr: each line goes out in one write, or the signal's line can land between the
+    other's text and its newline."""
+    from helios.cli import rank_cmd
+
+    class Stderr:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+
+        def flush(self):
+            pass
+
+    stderr = Stderr()
+    monkeypatch.setattr(rank_cmd.sys, "stderr", stderr)
+    rank_cmd._say("serving rank 1 of 2 for 127.0.0.1:1")
+    assert stderr.writes == ["helios rank: serving rank 1 of 2 for 127.0.0.1:1\n"]

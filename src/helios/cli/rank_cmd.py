@@ -127,8 +127,7 @@ def _serve(args: argparse.Namespace, outcome: list) -> None:
                                         "prepared with --tensor-parallel N")
         timeout = timedelta(seconds=args.join_timeout)
         rendezvous = Rendezvous.join(args.join, timeout)
-        say = (lambda line: None) if args.quiet else (
-            lambda line: print(f"helios rank: {line}", file=sys.stderr, flush=True))
+        say = (lambda line: None) if args.quiet else _say
         join_rank(core, rendezvous, args.rank, args.device, timeout, on_joined=lambda rank, ranks: say(
             f"serving rank {rank} of {ranks} for {args.join}"))
         outcome.append((0, None if args.quiet else "rank zero stopped the group"))
@@ -152,10 +151,17 @@ def _exit_now(code: int, line: str | None) -> None:
     owns the group's end, and this process's memory goes with it."""
     if line is not None:  # one line, whatever the error's text holds (a core's unsigned text escaped)
         joined = " | ".join(part.strip() for part in line.splitlines() if part.strip())
-        print(f"helios rank: {printable_line(joined)}", file=sys.stderr)
+        _say(printable_line(joined))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _say(line: str) -> None:
+    """One stderr line in one write: a stop signal's line, printed by the main thread, cannot land
+    between the worker's text and its newline (`print` writes the two separately)."""
+    sys.stderr.write(f"helios rank: {line}\n")
+    sys.stderr.flush()
 
 
 def _exit_with_parent(parent: int) -> None:
