@@ -366,6 +366,13 @@ QWEN3_5_MOE = Family("qwen3_5_moe", transformers.Qwen3_5MoeTextConfig, (
     ("shared_expert_intermediate_size", 48), ("tie_word_embeddings", False),
 ))
 
+# EXAONE 4 (tests/ignition/test_exaone4_recipe.py): norms only after attention and MLP, per-head q/k norms; sliding,
+# sliding, global layers over a window of 5 (the global layer rotates nothing), llama3-scaled rope, untied.
+EXAONE4 = Family("exaone4", transformers.Exaone4Config, (
+    ("num_hidden_layers", 3), ("sliding_window", 5), ("sliding_window_pattern", 3), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "llama3", "rope_theta": 1000.0, "factor": 4.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}), *PHI3_IDS,
+))
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""

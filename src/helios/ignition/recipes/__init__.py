@@ -16,8 +16,11 @@ OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`), StarCoder2 (`starcoder
 Multi-head latent attention: DeepSeek-V3 and GLM-4.7-Flash (`deepseek`), DeepSeek-V2 and V2-Lite
 (`deepseek_v2`). dots.llm1 (`dots1`: Qwen3's attention, DeepSeek-V3's experts).
 
+More dense decoders: EXAONE 4 (`exaone4`).
+
 Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qwen3.5 text decoders
-(`qwen3_next`, Gated DeltaNet linear attention and gated attention).
+(`qwen3_next`, Gated DeltaNet linear attention and gated attention), Granite 4.0
+(`granitemoehybrid`, Mamba2 mixers with Granite's multipliers and experts).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from helios.ignition.recipes import hunyuan_moe
 from helios.ignition.recipes import ernie4_5_moe
 from helios.ignition.recipes import deepseek_v2
 from helios.ignition.recipes import dots1
+from helios.ignition.recipes import granitemoehybrid
+from helios.ignition.recipes import exaone4
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
@@ -65,6 +70,8 @@ _REGISTRY.update({name: hunyuan_moe.build for name in hunyuan_moe.ARCHITECTURES}
 _REGISTRY.update({name: ernie4_5_moe.build for name in ernie4_5_moe.ARCHITECTURES})
 _REGISTRY.update({name: deepseek_v2.build for name in deepseek_v2.ARCHITECTURES})
 _REGISTRY.update({name: dots1.build for name in dots1.ARCHITECTURES})
+_REGISTRY.update({name: granitemoehybrid.build for name in granitemoehybrid.ARCHITECTURES})
+_REGISTRY.update({name: exaone4.build for name in exaone4.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
 _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))

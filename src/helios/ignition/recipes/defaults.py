@@ -68,6 +68,9 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
     "GptOssForCausalLM": {"sliding_window": 128, "num_key_value_heads": 8, "head_dim": 64,
                           "num_local_experts": 128, "num_experts_per_tok": 4},
     "BambaForCausalLM": {"num_key_value_heads": 8, "mamba_d_head": 64, "partial_rotary_factor": 0.5},
+    "GraniteMoeHybridForCausalLM": {"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "num_local_experts": 8,
+                                    "num_experts_per_tok": 2, "intermediate_size": 11008,
+                                    "shared_intermediate_size": 1024},
     "Qwen3NextForCausalLM": {"vocab_size": 151_936, "hidden_size": 2048, "intermediate_size": 5632,
                              "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
                              "head_dim": 256, "rms_norm_eps": 1e-6, "partial_rotary_factor": 0.25,
@@ -126,6 +129,10 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                               "norm_epsilon": 1e-5, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True,
                               "rope_theta": 10_000.0, "max_position_embeddings": 4096},
     "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096},
+    "Exaone4ForCausalLM": {"vocab_size": 102_400, "hidden_size": 4096, "intermediate_size": 16_384,
+                           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                           "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 4096,
+                           "sliding_window_pattern": 4, "max_position_embeddings": 2048},
 }
 
 

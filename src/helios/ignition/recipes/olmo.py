@@ -66,7 +66,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
         base, layer_windows=llama.sliding_layer_windows(config, kinds),
         sandwich_norms=True, pre_norms=False, qk_norm=True, qk_norm_whole=True, local_rope_layers=local)
     inv_freq = llama.rope_inv_freq({**context, "rope_parameters": full}, arch.head_dim)
-    weights, used = llama.prepared_weights(arch, config, tensors, _layer_weights, inv_freq)
+    weights, used = llama.prepared_weights(arch, config, tensors, layer_weights, inv_freq)
     if local:
         local_freq = llama.rope_inv_freq({**context, "rope_parameters": sliding}, arch.head_dim)
         weights += (NamedWeight("rope.local_inv_freq", local_freq),)
@@ -101,7 +101,9 @@ def rope_settings(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     return tables["full_attention"], tables["sliding_attention"]
 
 
-def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
+def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
+    """A post-norm layer's slots (OLMo 2's names, EXAONE 4's too): q/k/v, the q/k norms, o, the
+    attention output norm, the gated MLP and its output norm."""
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
     attn = src + "self_attn."
     qkv = [attn + "q_proj.", attn + "k_proj.", attn + "v_proj."]
