@@ -26,10 +26,10 @@ from typing import Any, Mapping
 import torch
 
 from helios.ignition.architecture import Architecture, MixtureOfExperts
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors
-from helios.ignition.recipes.llama import (_checkpoint_dtype, checked_rope, layer_windows, rope_settings,
-                                           rotary_fraction, with_original_context)
+from helios.ignition.recipes.llama import (_checkpoint_dtype, attention_block_weights, checked_rope, layer_windows,
+                                           rope_settings, rotary_fraction, with_original_context)
 from helios.ignition.recipes.yarn import yarn_inv_freq
 
 ARCHITECTURES = ("GptOssForCausalLM",)
@@ -115,14 +115,7 @@ def prepared_weights(arch: Architecture, tensors: CheckpointTensors, inv_freq: t
 def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
     attn, mlp = src + "self_attn.", src + "mlp."
-    qkv = [attn + "q_proj.", attn + "k_proj.", attn + "v_proj."]
-    out = [NamedWeight(dst + "input_norm", take(src + "input_layernorm.weight")),
-           NamedWeight(dst + "qkv.weight", fused(take, [p + "weight" for p in qkv]))]
-    if arch.qkv_bias:
-        out.append(NamedWeight(dst + "qkv.bias", fused(take, [p + "bias" for p in qkv])))
-    out.append(NamedWeight(dst + "o.weight", take(attn + "o_proj.weight")))
-    if arch.o_bias:
-        out.append(NamedWeight(dst + "o.bias", take(attn + "o_proj.bias")))
+    out = attention_block_weights(arch, layer, take)
     out += [NamedWeight(dst + "sinks", take(attn + "sinks", torch.float32)),
             NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight")),
             NamedWeight(dst + "router.weight", take(mlp + "router.weight", torch.float32)),

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from helios.ignition.architecture import Architecture
 from helios.ignition.recipes import llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 
 ARCHITECTURES = ("Starcoder2ForCausalLM",)
@@ -55,16 +55,9 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
 
 def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
-    attn, mlp = src + "self_attn.", src + "mlp."
-    qkv = [attn + "q_proj.", attn + "k_proj.", attn + "v_proj."]
-    out = [NamedWeight(dst + "input_norm", take(src + "input_layernorm.weight")),
-           NamedWeight(dst + "input_norm_bias", take(src + "input_layernorm.bias")),
-           NamedWeight(dst + "qkv.weight", fused(take, [p + "weight" for p in qkv]))]
-    if arch.qkv_bias:
-        out.append(NamedWeight(dst + "qkv.bias", fused(take, [p + "bias" for p in qkv])))
-    out.append(NamedWeight(dst + "o.weight", take(attn + "o_proj.weight")))
-    if arch.o_bias:
-        out.append(NamedWeight(dst + "o.bias", take(attn + "o_proj.bias")))
+    mlp = src + "mlp."
+    out = llama.attention_block_weights(arch, layer, take)
+    out.insert(1, NamedWeight(dst + "input_norm_bias", take(src + "input_layernorm.bias")))
     out += [NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight")),
             NamedWeight(dst + "post_norm_bias", take(src + "post_attention_layernorm.bias")),
             NamedWeight(dst + "up.weight", take(mlp + "c_fc.weight"))]
