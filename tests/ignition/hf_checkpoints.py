@@ -339,6 +339,25 @@ BAMBA_ONE_GROUP = Family("bamba-one-group", transformers.BambaConfig, (
     ("mamba_n_groups", 1), ("mamba_d_conv", 4), ("mamba_expand", 2), ("mamba_chunk_size", 8),
     ("tie_word_embeddings", False),
 ))
+# Granite 4.0 hybrids (tests/ignition/test_granitemoehybrid_recipe.py): Mamba2 mixers in layers 0 and 2, attention in
+# layer 1, Granite's multipliers away from 1. Experts (4, top-2) with the shared MLP, rotary attention with q/k/v/o
+# biases, two B/C groups, untied; and a dense shared MLP, attention without positions, one group, in/out projection
+# biases, no convolution bias, tied.
+_GRANITE_HYBRID_SHAPE = (("num_hidden_layers", 3), ("layer_types", ["mamba", "attention", "mamba"]),
+                         ("mamba_n_heads", 4), ("mamba_d_state", 8), ("mamba_d_conv", 4), ("mamba_expand", 2),
+                         ("mamba_chunk_size", 8), *_GRANITE_MULTIPLIERS)
+GRANITE_HYBRID = Family("granite_hybrid", transformers.GraniteMoeHybridConfig, (
+    *_GRANITE_HYBRID_SHAPE, ("mamba_n_groups", 2), ("num_local_experts", 4), ("num_experts_per_tok", 2),
+    ("intermediate_size", 32), ("shared_intermediate_size", 48), ("position_embedding_type", "rope"),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), ("attention_bias", True),
+    ("tie_word_embeddings", False),
+))
+GRANITE_HYBRID_DENSE = Family("granite_hybrid_dense", transformers.GraniteMoeHybridConfig, (
+    *_GRANITE_HYBRID_SHAPE, ("mamba_n_groups", 1), ("num_local_experts", 0), ("shared_intermediate_size", 96),
+    ("position_embedding_type", None), ("mamba_proj_bias", True), ("mamba_conv_bias", False),
+    ("tie_word_embeddings", True),
+))
+GRANITE_HYBRID_FAMILIES = (GRANITE_HYBRID, GRANITE_HYBRID_DENSE)
 # Qwen3-Next: Gated DeltaNet layers 0 and 2 (2 key heads of 8, 4 value heads of 12: two value heads per
 # key head), a gated attention layer 1 (q/k norms, rotary on half of each 16-wide head); experts (4,
 # top-2, a gated shared expert) in layers 0 and 2, layer 1 dense (mlp_only_layers).
@@ -370,6 +389,13 @@ QWEN3_5_MOE = Family("qwen3_5_moe", transformers.Qwen3_5MoeTextConfig, (
 # sliding, global layers over a window of 5 (the global layer rotates nothing), llama3-scaled rope, untied.
 EXAONE4 = Family("exaone4", transformers.Exaone4Config, (
     ("num_hidden_layers", 3), ("sliding_window", 5), ("sliding_window_pattern", 3), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "llama3", "rope_theta": 1000.0, "factor": 4.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}), *PHI3_IDS,
+))
+# Apertus (tests/ignition/test_apertus_recipe.py): per-head q/k norms, the non-gated xIELU MLP (its learned scalars
+# drawn per layer), q/k/v/o biases, a llama3-scaled rope, untied.
+APERTUS = Family("apertus", transformers.ApertusConfig, (
+    ("attention_bias", True), ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "llama3", "rope_theta": 1000.0, "factor": 4.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}), *PHI3_IDS,
 ))

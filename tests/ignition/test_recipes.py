@@ -113,7 +113,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
                                             "HunYuanMoEV1ForCausalLM", "Ernie4_5_MoeForCausalLM",
                                             "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM",
-                                            "Dots1ForCausalLM", "YoutuForCausalLM"}
+                                            "Dots1ForCausalLM", "YoutuForCausalLM",
+                                            "GraniteMoeHybridForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -56,12 +56,13 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
         mlp_bias=bool(config.get("mlp_bias", False)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         dtype=dtype or _checkpoint_dtype(config, tensors),
-        recurrent=_geometry(config, hidden, tuple(i for i in range(num_layers) if i not in attention)),
+        recurrent=mamba2_geometry(config, hidden, tuple(i for i in range(num_layers) if i not in attention)),
         rotary_dim=llama.rotary_width(config, head_dim),
     )
 
 
-def _geometry(config: Mapping[str, Any], hidden: int, layers: tuple[int, ...]) -> RecurrentGeometry:
+def mamba2_geometry(config: Mapping[str, Any], hidden: int, layers: tuple[int, ...]) -> RecurrentGeometry:
+    """The Mamba2 mixers of `layers` from the ``mamba_*`` keys (Bamba's and Granite 4's spelling)."""
     heads, expand = int(config.get("mamba_n_heads", 128)), int(config.get("mamba_expand", 2))
     head_dim = config.get("mamba_d_head", "auto")
     head_dim = expand * hidden // heads if head_dim in (None, "auto") else int(head_dim)
@@ -109,7 +110,7 @@ def _layer_weights(arch: Architecture, layer: int, take, tensors: CheckpointTens
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
     out = [NamedWeight(dst + "input_norm", take(src + "input_layernorm.weight"))]
     if layer in arch.recurrent.layers:
-        out += _mixer_weights(arch, src + "mamba.", dst + "mixer.", take, tensors, used)
+        out += mixer_weights(arch, src + "mamba.", dst + "mixer.", take, tensors, used)
     else:
         out += _attention_weights(arch, src + "self_attn.", dst, take)
     mlp = src + "feed_forward."
@@ -134,7 +135,8 @@ def _attention_weights(arch: Architecture, src: str, dst: str, take) -> list[Nam
     return out
 
 
-def _mixer_weights(arch: Architecture, src: str, dst: str, take, tensors, used: set) -> list[NamedWeight]:
+def mixer_weights(arch: Architecture, src: str, dst: str, take, tensors, used: set) -> list[NamedWeight]:
+    """A Mamba2 mixer's slots from the checkpoint's ``src`` tensors (A_log read apart, into `used`)."""
     g = arch.recurrent
     out = [NamedWeight(dst + "in_proj.weight", take(src + "in_proj.weight"))]
     if g.proj_bias:

@@ -124,11 +124,12 @@ def _check_index(directory: Path, files_by_name: Mapping[str, Path]) -> None:
 # string "64" or 64.5 would be taken as 64, "false" as True). Null stays allowed: recipes default it.
 _POSITIVE_INTS = frozenset(("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                             "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size",
-                            "num_experts_per_tok", "num_local_experts", "num_experts", "n_routed_experts",
+                            "num_experts_per_tok", "num_experts", "n_routed_experts",
                             "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "depth", "num_heads", "patch_size",
                             "decoder_sparse_step"))
+# num_local_experts 0: Granite 4.0's dense hybrids (a recipe with experts refuses it by its own count)
 _COUNT_INTS = frozenset(("sliding_window", "max_window_layers", "first_k_dense_replace", "q_lora_rank",
-                         "qk_nope_head_dim", "n_group", "topk_group", "n_shared_experts",
+                         "num_local_experts", "qk_nope_head_dim", "n_group", "topk_group", "n_shared_experts",
                          "max_position_embeddings", "original_max_position_embeddings", "num_nextn_predict_layers",
                          "mamba_d_conv", "mamba_d_state", "mamba_expand", "mamba_n_groups", "mamba_n_heads"))
 _MAX_INT = 2**31 - 1

@@ -54,14 +54,14 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     folded = granite.folded_multipliers(multipliers, _RESIDUAL_OUTPUTS)
 
     def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
-        return llama.attention_weights(arch, layer, take) + _sparse_weights(arch, layer, take, tensors)
+        return llama.attention_weights(arch, layer, take) + sparse_weights(arch, layer, take, tensors)
 
     weights, used = llama.prepared_weights(arch, config, tensors, layer_weights, transform=folded)
     recipe = llama.placed_recipe(source, arch, weights, used, tensors)
     return dataclasses.replace(recipe, inputs_embeds_scale=multipliers["embedding_multiplier"])
 
 
-def _sparse_weights(arch: Architecture, layer: int, take, tensors: CheckpointTensors) -> list[NamedWeight]:
+def sparse_weights(arch: Architecture, layer: int, take, tensors: CheckpointTensors) -> list[NamedWeight]:
     """A layer's router, stacked experts and shared expert, in `weight_layout` order."""
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
 
