@@ -358,6 +358,14 @@ GRANITE_HYBRID_DENSE = Family("granite_hybrid_dense", transformers.GraniteMoeHyb
     ("tie_word_embeddings", True),
 ))
 GRANITE_HYBRID_FAMILIES = (GRANITE_HYBRID, GRANITE_HYBRID_DENSE)
+# Nemotron-H (tests/ignition/test_nemotron_h_recipe.py): blocks Mamba2, MLP, attention, Mamba2, Mamba2, MLP - Helios
+# layers 0 (mixer + MLP), 1 (attention alone), 2 (mixer alone), 3 (mixer + MLP); Mamba2 heads of 24 (their width
+# is not a multiple of hidden_size), two B/C groups, in/out projection and MLP biases, untied.
+NEMOTRON_H = Family("nemotron_h", transformers.NemotronHConfig, (
+    ("layers_block_type", ["linear_attention", "mlp", "full_attention", "linear_attention", "linear_attention", "mlp"]),
+    ("head_dim", 16), ("mamba_num_heads", 4), ("mamba_head_dim", 24), ("ssm_state_size", 8), ("n_groups", 2),
+    ("conv_kernel", 4), ("chunk_size", 8), ("use_bias", True), ("mlp_bias", True), ("tie_word_embeddings", False),
+))
 # Qwen3-Next: Gated DeltaNet layers 0 and 2 (2 key heads of 8, 4 value heads of 12: two value heads per
 # key head), a gated attention layer 1 (q/k norms, rotary on half of each 16-wide head); experts (4,
 # top-2, a gated shared expert) in layers 0 and 2, layer 1 dense (mlp_only_layers).
@@ -398,6 +406,13 @@ APERTUS = Family("apertus", transformers.ApertusConfig, (
     ("attention_bias", True), ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "llama3", "rope_theta": 1000.0, "factor": 4.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}), *PHI3_IDS,
+))
+# Arcee (tests/ignition/test_arcee_recipe.py): the non-gated relu^2 MLP with biases, q/k/v/o biases, a YaRN rope
+# (theta 10000 over an original context of 64), tied.
+ARCEE = Family("arcee", transformers.ArceeConfig, (
+    ("attention_bias", True), ("mlp_bias", True), ("tie_word_embeddings", True),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64}), *PHI3_IDS,
 ))
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:

@@ -34,7 +34,9 @@ Multi-head latent attention (``latent`` set, DeepSeek-V2/V3): a layer's attentio
 Dr rotary rows); ``layers.i.kv_a.weight`` [C + Dr, H] (rows: the latent, then the shared rotary
 key), ``layers.i.kv_a_norm`` [C], ``layers.i.kv_b.weight`` [Hq (Dn + Dv), C] (per head: Dn key rows,
 then Dv value rows) and ``layers.i.o.weight`` [H, Hq Dv]. Rotary dims are laid out in halves (a
-recipe de-interleaves them), ``head_dim`` is Dr and ``rope.inv_freq`` [Dr / 2].
+recipe de-interleaves them), ``head_dim`` is Dr and ``rope.inv_freq`` [Dr / 2]. With ``indexer`` (DeepSeek
+Sparse Attention, `helios.ignition.token_indexer`) each query attends only to the positions a
+token-selecting indexer picks; its scoring layers hold ``layers.i.indexer.*`` slots after ``o.weight``.
 
 With ``attention_sinks`` each layer also holds ``layers.i.sinks`` [Hq] float32 right after the o
 projection's slots: one learned logit per query head in the attention softmax's denominator
@@ -45,7 +47,8 @@ q/k norms apply to the rotated queries and keys (HunYuan) instead of before the 
 
 Hybrid decoders (``recurrent``, see `helios.ignition.recurrent_geometry`): the listed layers hold a
 recurrent mixer - a Mamba2 mixer or a Gated DeltaNet layer, by the geometry's type - in place of
-attention. With ``attention_gate`` (Qwen3-Next, hybrid decoders only) the attention layers'
+attention. Their ``mlp_free_layers`` end after the mixer or attention: no ``post_norm`` and no MLP
+slots (Nemotron-H's blocks, where a mixer need not be followed by an MLP). With ``attention_gate`` (Qwen3-Next, hybrid decoders only) the attention layers'
 ``qkv.weight`` / ``qkv.bias`` rows end with Hq D output-gate rows: the attended values are multiplied
 by sigmoid(gate) per channel before ``o``.
 
@@ -78,9 +81,20 @@ parallelism both partial outputs are summed by one all-reduce where neither has 
 ``layers.i.k_norm`` [Hkv D] (head-major), each head normed over its own D (Cohere's
 ``use_qk_norm``; under tensor parallelism each rank holds its heads' rows). Without ``gated_mlp``
 the MLP is ``down(act(up(x)))``: ``layers.i.up.weight`` [F, H] and optional ``layers.i.up.bias``
-[F] replace the ``gate_up`` slots (``mlp_activation`` "gelu_tanh": the tanh-approximated GELU).
+[F] replace the ``gate_up`` slots (``mlp_activation`` "gelu_tanh": the tanh-approximated GELU; the
+non-gated MLP also takes "gelu", "relu2" and "xielu", `helios.ignition.activations`). An activation
+with learned scalars (xielu: 4) adds ``layers.i.mlp_act`` [n] float32 right after the ``up`` slots.
 With ``head_bias`` (Phi) ``lm_head_bias`` [vocab_rows] follows the head's slot (``lm_head``, or
 ``final_norm`` where embeddings are tied): a bias added to the logits (each rank: its rows').
+
+Llama 4's dataflow (none changes a weight slot but the q/k norms'): ``layer_chunks`` (empty, or one
+per layer) gives a layer chunked local attention: with chunk c > 0 a query at position p sees the
+positions of its own chunk only, [p - p % c, p] (``helios::paged_attention_chunked``). The
+``qk_unnormed_layers`` have no q/k norm slots and norm nothing (Llama 4 norms the q/k of its RoPE
+layers only). ``query_temperature`` multiplies the queries of its layers at position p by
+1 + scale * log1p(floor((p + 1) / floor_scale)) (Llama 4's attention temperature tuning of its
+NoPE layers). With ``moe.input_weighted`` each routing weight scales its expert's input instead of
+its output: out = sum_k expert_k(w_k x).
 
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
@@ -97,7 +111,9 @@ from dataclasses import dataclass
 import torch
 
 from helios.errors import UsageError
+from helios.ignition.activations import PARAMETER_COUNTS
 from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry, RecurrentGeometry, mixer_slots
+from helios.ignition.token_indexer import TokenIndexer, indexer_slots
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -108,7 +124,8 @@ class CheckpointError(UsageError):
 
 ROUTER_SCORINGS = ("softmax", "topk_softmax", "sigmoid")
 EXPERT_ACTIVATIONS = ("silu", "swiglu_clamped")
-MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # helios::silu_mul, helios::gelu_tanh_mul
+GATED_ACTIVATIONS = ("silu", "gelu_tanh")  # helios::silu_mul, helios::gelu_tanh_mul
+MLP_ACTIVATIONS = GATED_ACTIVATIONS + ("gelu", "relu2", "xielu")  # the non-gated MLP's: helios.ignition.activations
 
 
 @dataclass(frozen=True)
@@ -133,6 +150,7 @@ class MixtureOfExperts:
     limit: float = 0.0  # swiglu_clamped only
     shared_intermediate_size: int = 0  # 0: no shared expert
     shared_gate: bool = False  # the shared expert's output scaled by sigmoid(x . shared.gate) (Qwen2-MoE)
+    input_weighted: bool = False  # each routing weight scales its expert's input, not its output (Llama 4)
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORINGS:
@@ -154,6 +172,20 @@ class MixtureOfExperts:
             raise CheckpointError("expert widths must be positive")
         if self.shared_gate and not self.shared_intermediate_size:
             raise CheckpointError("shared_gate needs a shared expert (shared_intermediate_size > 0)")
+
+
+@dataclass(frozen=True)
+class QueryTemperature:
+    """Attention temperature tuning (Llama 4's NoPE layers): the queries of `layers` at position p are
+    multiplied by log1p(floor((p + 1) / floor_scale)) * scale + 1 before attending."""
+
+    floor_scale: float
+    scale: float
+    layers: tuple[int, ...]
+
+    def factors(self, positions: torch.Tensor) -> torch.Tensor:
+        """float32 [T] of int64 positions [T], in the reference's order of operations."""
+        return torch.log1p(torch.floor((positions.to(torch.float32) + 1.0) / self.floor_scale)) * self.scale + 1.0
 
 
 @dataclass(frozen=True)
@@ -211,6 +243,7 @@ class Architecture:
     attention_gate: bool = False  # attention output gated by sigmoid of extra q rows (hybrid decoders only)
     moe: MixtureOfExperts | None = None
     latent: LatentAttention | None = None  # multi-head latent attention (see the module docstring)
+    indexer: TokenIndexer | None = None  # latent attention over the positions an indexer selects
     attention_sinks: bool = False  # a learned per-head logit in every attention softmax (layers.i.sinks)
     rotary_factor: float = 1.0  # multiplies the rotary cos/sin tables (YaRN's attention scaling)
     nope_layers: tuple[int, ...] = ()  # layers whose attention rotates nothing (SmolLM3's NoPE layers)
@@ -233,6 +266,12 @@ class Architecture:
     qk_norm_heads: bool = False  # q/k norm weights per head: [Hq D] / [Hkv D], each head normed over its D
     gated_mlp: bool = True  # False: down(act(up(x))) with an ``up`` projection instead of ``gate_up``
     head_bias: bool = False  # the logits add ``lm_head_bias`` (Phi's lm_head bias)
+    # Llama 4's dataflow (see the module docstring); the defaults are every other family's.
+    layer_chunks: tuple[int, ...] = ()  # empty, or per layer: 0 unchunked, c > 0 chunked local attention
+    qk_unnormed_layers: tuple[int, ...] = ()  # layers without q/k norms (no q_norm / k_norm slots)
+    query_temperature: QueryTemperature | None = None  # position-dependent query scaling of some layers
+    # Nemotron-H's blocks: layers whose attention or mixer has no MLP after it (hybrid decoders only)
+    mlp_free_layers: tuple[int, ...] = ()  # no post_norm and no MLP slots: the layer ends after its mixer
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -250,6 +289,8 @@ class Architecture:
         if self.latent is not None and (self.head_dim != self.latent.qk_rope_head_dim or
                                         self.num_kv_heads != self.num_heads):
             raise CheckpointError("latent attention needs head_dim == qk_rope_head_dim and one key head per head")
+        if self.indexer is not None and self.indexer.problems(self):
+            raise CheckpointError("; ".join(self.indexer.problems(self)))
         if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
             raise CheckpointError(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}")
         if self.recurrent is not None:
@@ -281,6 +322,9 @@ class Architecture:
         """The Gemma-style switches: each bad value a CheckpointError naming its field."""
         if self.mlp_activation not in MLP_ACTIVATIONS:
             raise CheckpointError(f"mlp_activation {self.mlp_activation!r} is not one of {MLP_ACTIVATIONS}")
+        if self.gated_mlp and self.mlp_activation not in GATED_ACTIVATIONS:
+            raise CheckpointError(f"mlp_activation {self.mlp_activation!r} is for a non-gated MLP (gated: "
+                                  f"{GATED_ACTIVATIONS})")
         bounds = {"embedding_scale": (self.embedding_scale, 0.0, False),
                   "query_pre_attn_scalar": (self.query_pre_attn_scalar, 0.0, True),
                   "logit_softcap": (self.logit_softcap, 0.0, True),
@@ -316,8 +360,39 @@ class Architecture:
             raise CheckpointError("qk_norm_heads needs q/k norms that are layer norms")
         if self.parallel_block and (not self.pre_norms or self.sandwich_norms or self.recurrent is not None):
             raise CheckpointError("parallel_block needs pre-norm layers without sandwich norms or recurrent mixers")
-        if not self.gated_mlp and (self.moe is not None or self.recurrent is not None):
-            raise CheckpointError("gated_mlp False: the non-gated MLP is for dense attention decoders only")
+        if not self.gated_mlp and self.moe is not None:
+            raise CheckpointError("gated_mlp False: the non-gated MLP is for decoders without experts")
+        if self.mlp_free_layers and (self.recurrent is None or not set(self.mlp_free_layers) <= set(range(
+                self.num_layers)) or any(self.is_sparse(layer) for layer in self.mlp_free_layers)):
+            raise CheckpointError(f"mlp_free_layers {self.mlp_free_layers} must be dense layers of a hybrid decoder "
+                                  f"of {self.num_layers} layers")
+        self._check_chunks()
+
+    def _check_chunks(self) -> None:
+        """Llama 4's switches: only the dataflow the programs implement with them."""
+        layers = set(range(self.num_layers))
+        plain = self.latent is None and self.recurrent is None
+        if self.layer_chunks:
+            if len(self.layer_chunks) != self.num_layers or any(chunk < 0 for chunk in self.layer_chunks):
+                raise CheckpointError(f"layer_chunks {self.layer_chunks} must hold one chunk >= 0 per layer of "
+                                      f"{self.num_layers}")
+            chunked = [layer for layer, chunk in enumerate(self.layer_chunks) if chunk]
+            if chunked and (not plain or self.attention_sinks or self.attention_softcap
+                            or any(self.layer_windows[layer] for layer in chunked)):
+                raise CheckpointError("layer_chunks: chunked layers need plain attention without sinks, a soft cap "
+                                      "or a sliding window (no latent attention, no recurrent mixers)")
+        if self.qk_unnormed_layers and (not self.qk_norm or not set(self.qk_unnormed_layers) <= layers
+                                        or self.qk_norm_whole or self.qk_norm_heads or not plain):
+            raise CheckpointError(f"qk_unnormed_layers {self.qk_unnormed_layers} need per-head q/k norms of plain "
+                                  f"attention layers of {self.num_layers}")
+        temperature = self.query_temperature
+        if temperature is not None:
+            finite = math.isfinite(temperature.floor_scale) and math.isfinite(temperature.scale)
+            if not finite or temperature.floor_scale <= 0 or not set(temperature.layers) <= layers or not plain:
+                raise CheckpointError(f"query_temperature {temperature} needs a finite positive floor_scale, a finite "
+                                      f"scale and plain attention layers of {self.num_layers}")
+        if self.moe is not None and self.moe.input_weighted and self.moe.activation != "silu":
+            raise CheckpointError("moe.input_weighted: only silu experts take weighted inputs")
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
@@ -332,6 +407,14 @@ class Architecture:
     def is_rotary(self, layer: int) -> bool:
         """Whether `layer`'s attention rotates its queries and keys (every layer but `nope_layers`)."""
         return layer not in self.nope_layers
+
+    def is_qk_normed(self, layer: int) -> bool:
+        """Whether `layer` norms its queries and keys (``qk_norm``, but not the ``qk_unnormed_layers``)."""
+        return self.qk_norm and layer not in self.qk_unnormed_layers
+
+    def layer_chunk(self, layer: int) -> int:
+        """`layer`'s attention chunk (0: unchunked; see ``layer_chunks``)."""
+        return self.layer_chunks[layer] if self.layer_chunks else 0
 
     def is_sparse(self, layer: int) -> bool:
         """Whether `layer`'s MLP is the mixture of experts."""
@@ -411,9 +494,11 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     slots += _attention_slots(arch, prefix) if arch.latent is None else _latent_slots(arch, prefix)
     if arch.sandwich_norms:
         slots.append(_slot(prefix + "attn_out_norm", arch, hidden))
+    layer = int(prefix.split(".")[1])
+    if layer in arch.mlp_free_layers:
+        return slots
     if arch.pre_norms and not arch.parallel_block:
         slots += _norm_slots(arch, prefix + "post_norm")
-    layer = int(prefix.split(".")[1])
     slots += _moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix)
     return slots + ([_slot(prefix + "mlp_out_norm", arch, hidden)] if arch.sandwich_norms else [])
 
@@ -432,16 +517,17 @@ def _latent_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
         _slot(prefix + "kv_a_norm", arch, latent.kv_lora_rank),
         _slot(prefix + "kv_b.weight", arch, heads * (latent.qk_nope_head_dim + latent.v_head_dim), latent.kv_lora_rank),
         _slot(prefix + "o.weight", arch, hidden, arch.attention_out_size),
-    ]
+    ] + indexer_slots(arch, int(prefix.split(".")[1]), lambda name, *shape: _slot(name, arch, *shape), WeightSlot)
 
 
 def _attention_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+    layer = int(prefix.split(".")[1])
     qkv_rows = arch.q_size * (2 if arch.attention_gate else 1) + 2 * arch.kv_size  # output-gate rows last
     hidden = arch.hidden_size
     slots = [_slot(prefix + "qkv.weight", arch, qkv_rows, hidden)]
     if arch.qkv_bias:
         slots.append(_slot(prefix + "qkv.bias", arch, qkv_rows))
-    if arch.qk_norm:
+    if arch.is_qk_normed(layer):
         whole = arch.qk_norm_whole or arch.qk_norm_heads
         q_width, k_width = (arch.q_size, arch.kv_size) if whole else (arch.head_dim, arch.head_dim)
         slots += [_slot(prefix + "q_norm", arch, q_width), _slot(prefix + "k_norm", arch, k_width)]
@@ -459,6 +545,8 @@ def _mlp_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     slots = [_slot(prefix + first + ".weight", arch, rows, hidden)]
     if arch.mlp_bias:
         slots.append(_slot(prefix + first + ".bias", arch, rows))
+    if arch.mlp_activation in PARAMETER_COUNTS:  # the activation's learned scalars (xielu)
+        slots.append(WeightSlot(prefix + "mlp_act", (PARAMETER_COUNTS[arch.mlp_activation],), "float32"))
     slots.append(_slot(prefix + "down.weight", arch, hidden, ff))
     if arch.mlp_bias:
         slots.append(_slot(prefix + "down.bias", arch, hidden))
@@ -471,7 +559,7 @@ def _mixer_layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
         return WeightSlot(name, tuple(shape), dtype or arch.dtype)
 
     attention = _layer_slots(arch, prefix)
-    post = next(i for i, s in enumerate(attention) if s.name == prefix + "post_norm")
+    post = next((i for i, s in enumerate(attention) if s.name == prefix + "post_norm"), len(attention))
     return [attention[0], *mixer_slots(arch, prefix, slot), *attention[post:]]
 def _moe_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     moe, hidden = arch.moe, arch.hidden_size

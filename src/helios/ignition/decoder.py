@@ -18,11 +18,13 @@ import torch.nn.functional as F
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
 import helios.abi.attention_sinks  # noqa: F401  (registers helios::paged_attention_sinks(_tuned))
 import helios.abi.attention_softcap  # noqa: F401  (registers helios::paged_attention_softcap(_tuned))
+import helios.abi.attention_chunked  # noqa: F401  (registers helios::paged_attention_chunked)
 import helios.abi.fused  # noqa: F401  (registers helios::rms_norm, add_rms_norm, silu_mul, rotary_cache_write)
 import helios.abi.layer_norm  # noqa: F401  (registers helios::layer_norm)
 import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
 from helios.abi.fused import apply_rotary
 from helios.abi.layer_norm import reference_layer_norm
+from helios.ignition.activations import plain_activation
 from helios.ignition.architecture import Architecture
 from helios.ignition.tensor_parallel import (
     Partial, embed_tokens, partial_sum, residual_norm, row_parallel_linear, row_parallel_output, summed, vocab_logits,
@@ -46,6 +48,8 @@ class PackedStep(NamedTuple):
     window: object = None
     # [T, H] added to the token embeddings (an Engram core's projected n-gram rows); None: nothing.
     embedding_add: torch.Tensor | None = None
+    # The token indexer's key planes and selection (`helios.ignition.sparse_latent.IndexStorage`); None: none.
+    index: object = None
 
 
 def slot_mapping(query_start: torch.Tensor, page_table: torch.Tensor, positions: torch.Tensor, page_tokens: int):
@@ -162,13 +166,16 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
     k = k.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
     v = v.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
-    if arch.qk_norm and not (arch.qk_norm_after_rotary or arch.qk_norm_whole):
+    if arch.is_qk_normed(layer) and not (arch.qk_norm_after_rotary or arch.qk_norm_whole):
         q, k = head_norm(arch, q, w[prefix + "q_norm"]), head_norm(arch, k, w[prefix + "k_norm"])
     step = shared.step
     k_plane, v_plane, table, slots = layer_storage(arch, layer, shared.k_cache, shared.v_cache, step, step.window)
     cos, sin = layer_tables(arch, layer, shared)
-    if arch.qk_norm_after_rotary:
+    if arch.qk_norm_after_rotary and arch.is_qk_normed(layer):
         q, k, cos, sin = normed_after_rotary(arch, w, prefix, q, k, cos, sin)
+    temperature = arch.query_temperature
+    if temperature is not None and layer in temperature.layers:  # Llama 4: per position, after the q norm
+        q = (q * temperature.factors(step.positions)[:, None, None]).to(q.dtype)
     q = torch.ops.helios.rotary_cache_write(q, k, v, cos, sin, k_plane, v_plane, slots)
     attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane,
                                step if table is step.page_table else step._replace(page_table=table))
@@ -201,10 +208,12 @@ def normed_after_rotary(arch: Architecture, w: Mapping[str, torch.Tensor], prefi
 
 def paged_attention(arch: Architecture, sinks, layer: int, q, k_plane, v_plane, step: PackedStep):
     """The layer's attention op: with or without sinks, soft-capped (``arch.attention_softcap``) or
-    not, tuned (device split count) or not."""
+    not, tuned (device split count) or not; a chunked layer's (``arch.layer_chunks``) untuned."""
     geometry = (q, k_plane, v_plane, step.page_table, step.query_start, step.positions,
                 arch.attention_scale, arch.layer_windows[layer])
     ops = torch.ops.helios
+    if arch.layer_chunk(layer):  # chunked local attention (never with sinks or a cap: the Architecture refuses)
+        return ops.paged_attention_chunked(*geometry, arch.layer_chunk(layer))
     if arch.attention_softcap:  # (never with sinks: the Architecture refuses the pair)
         if step.splits is None:
             return ops.paged_attention_softcap(*geometry, arch.attention_softcap)
@@ -227,7 +236,8 @@ def mlp_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
     if not arch.gated_mlp:  # StarCoder2: down(act(up(x)))
         up = F.linear(hidden, w[prefix + "up.weight"], w.get(prefix + "up.bias"))
         out = row_parallel_output if partial else row_parallel_linear
-        return out(arch, plain_activation(arch, up), w[prefix + "down.weight"], w.get(prefix + "down.bias"))
+        acted = plain_activation(arch.mlp_activation, up, w.get(prefix + "mlp_act"))
+        return out(arch, acted, w[prefix + "down.weight"], w.get(prefix + "down.bias"))
     gate_up = F.linear(hidden, w[prefix + "gate_up.weight"], w.get(prefix + "gate_up.bias"))
     out = row_parallel_output if partial else row_parallel_linear
     return out(arch, gated_activation(arch, gate_up), w[prefix + "down.weight"], w.get(prefix + "down.bias"))
@@ -238,13 +248,6 @@ def gated_activation(arch: Architecture, gate_up: torch.Tensor) -> torch.Tensor:
     if arch.mlp_activation == "gelu_tanh":
         return torch.ops.helios.gelu_tanh_mul(gate_up)
     return torch.ops.helios.silu_mul(gate_up)
-
-
-def plain_activation(arch: Architecture, x: torch.Tensor) -> torch.Tensor:
-    """The non-gated MLP's activation (``arch.gated_mlp`` False): SiLU or the tanh-approximated GELU."""
-    if arch.mlp_activation == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
-    return F.silu(x)
 
 
 def parallel_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: int, normed, shared: LayerInputs,
@@ -285,9 +288,15 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
     weights, ids = torch.ops.helios.moe_route(
         logits, w.get(prefix + "router.correction_bias"), moe.scoring, moe.experts_per_token, moe.num_groups,
         moe.topk_groups, moe.normalize, moe.scale)
-    out = torch.ops.helios.moe_experts(
-        hidden, weights, ids, w[prefix + "experts.gate_up"], w.get(prefix + "experts.gate_up_bias"),
-        w[prefix + "experts.down"], w.get(prefix + "experts.down_bias"), moe.activation, moe.alpha, moe.limit)
+    experts = (w[prefix + "experts.gate_up"], w.get(prefix + "experts.gate_up_bias"), w[prefix + "experts.down"],
+               w.get(prefix + "experts.down_bias"), moe.activation, moe.alpha, moe.limit)
+    if moe.input_weighted:  # Llama 4: expert_k(w_k x), one call per choice (each scales the input its own way)
+        ones = torch.ones_like(weights[:, :1])
+        outs = [torch.ops.helios.moe_experts((hidden * weights[:, k:k + 1]).to(hidden.dtype), ones, ids[:, k:k + 1],
+                                             *experts) for k in range(moe.experts_per_token)]
+        out = outs[0] if len(outs) == 1 else torch.stack(outs).sum(0)
+    else:
+        out = torch.ops.helios.moe_experts(hidden, weights, ids, *experts)
     if moe.shared_intermediate_size:
         shared = gated_activation(arch, F.linear(hidden, w[prefix + "shared.gate_up.weight"]))
         shared = F.linear(shared, w[prefix + "shared.down.weight"])

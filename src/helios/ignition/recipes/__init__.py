@@ -14,13 +14,18 @@ MoE (`ernie4_5_moe`), DeepSeek-V3
 OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`), StarCoder2 (`starcoder2`), Phi-1 / Phi-2 (`phi`) and the Qwen vision-language decoders (`qwen_vl`).
 
 Multi-head latent attention: DeepSeek-V3 and GLM-4.7-Flash (`deepseek`), DeepSeek-V2 and V2-Lite
-(`deepseek_v2`). dots.llm1 (`dots1`: Qwen3's attention, DeepSeek-V3's experts).
+(`deepseek_v2`); with DeepSeek Sparse Attention's token indexer DeepSeek-V3.2 and GLM-5
+(`deepseek_v32`). dots.llm1 (`dots1`: Qwen3's attention, DeepSeek-V3's experts).
+Llama 4 text decoders (`llama4`: chunked local attention, NoPE layers with temperature tuning,
+input-weighted sigmoid experts beside a shared expert). MiniMax-M2 (`minimax_m2`: q/k norms over whole projections,
+partial rotary, sigmoid routing with a correction bias).
 
-More dense decoders: EXAONE 4 (`exaone4`).
+More dense decoders: EXAONE 4 (`exaone4`), Apertus (`apertus`), Arcee (`arcee`).
 
 Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qwen3.5 text decoders
 (`qwen3_next`, Gated DeltaNet linear attention and gated attention), Granite 4.0
-(`granitemoehybrid`, Mamba2 mixers with Granite's multipliers and experts).
+(`granitemoehybrid`, Mamba2 mixers with Granite's multipliers and experts), Nemotron-H
+(`nemotron_h`, Mamba2, attention and relu2 MLP blocks).
 """
 
 from __future__ import annotations
@@ -38,9 +43,15 @@ from helios.ignition.recipes import granite_moe
 from helios.ignition.recipes import hunyuan_moe
 from helios.ignition.recipes import ernie4_5_moe
 from helios.ignition.recipes import deepseek_v2
+from helios.ignition.recipes import deepseek_v32
 from helios.ignition.recipes import dots1
+from helios.ignition.recipes import llama4
+from helios.ignition.recipes import minimax_m2
 from helios.ignition.recipes import granitemoehybrid
+from helios.ignition.recipes import nemotron_h
 from helios.ignition.recipes import exaone4
+from helios.ignition.recipes import apertus
+from helios.ignition.recipes import arcee
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
@@ -69,9 +80,15 @@ _REGISTRY.update({name: granite_moe.build for name in granite_moe.ARCHITECTURES}
 _REGISTRY.update({name: hunyuan_moe.build for name in hunyuan_moe.ARCHITECTURES})
 _REGISTRY.update({name: ernie4_5_moe.build for name in ernie4_5_moe.ARCHITECTURES})
 _REGISTRY.update({name: deepseek_v2.build for name in deepseek_v2.ARCHITECTURES})
+_REGISTRY.update({name: deepseek_v32.build for name in deepseek_v32.ARCHITECTURES})
 _REGISTRY.update({name: dots1.build for name in dots1.ARCHITECTURES})
+_REGISTRY.update({name: llama4.build for name in llama4.ARCHITECTURES})
+_REGISTRY.update({name: minimax_m2.build for name in minimax_m2.ARCHITECTURES})
 _REGISTRY.update({name: granitemoehybrid.build for name in granitemoehybrid.ARCHITECTURES})
+_REGISTRY.update({name: nemotron_h.build for name in nemotron_h.ARCHITECTURES})
 _REGISTRY.update({name: exaone4.build for name in exaone4.ARCHITECTURES})
+_REGISTRY.update({name: apertus.build for name in apertus.ARCHITECTURES})
+_REGISTRY.update({name: arcee.build for name in arcee.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
 _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
