@@ -162,12 +162,14 @@ def paged_attention(
 
 
 def _reference_attention(q, k_cache, v_cache, page_table, query_start, positions, scale: float,
-                         window: int, sinks: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
+                         window: int, sinks: torch.Tensor | None = None, softcap: float = 0.0,
+                         chunk: int = 0) -> torch.Tensor:
     """The CPU reference of the attention ops (reads query_start and positions on the host):
     `helios.abi.paged_reference`'s plan and attention of one call; `sinks` (float32 [Hq], optional)
     adds one learned logit per query head to every softmax denominator; `softcap` > 0 caps the
-    scores (``helios::paged_attention_softcap``)."""
-    plan = plan_attention(page_table, query_start, positions, window, k_cache)
+    scores (``helios::paged_attention_softcap``); `chunk` > 0 keeps each query to its own chunk of
+    positions (``helios::paged_attention_chunked``)."""
+    plan = plan_attention(page_table, query_start, positions, window, k_cache, chunk)
     return attend(plan, q, k_cache, v_cache, scale, sinks, softcap)
 
 

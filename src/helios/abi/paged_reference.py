@@ -1,7 +1,7 @@
 """The CPU reference of paged attention (``helios::paged_attention``, its tuned and sink variants)
 in two stages, so that what every layer of a step shares is computed once per step.
 
-`plan_attention(page_table, query_start, positions, window, k_cache)` reads the step's row bounds
+`plan_attention(page_table, query_start, positions, window, k_cache, chunk)` reads the step's row bounds
 and positions on the host and builds an `AttentionPlan`: which rows attend together with one query
 each (a decode step's rows), which rows attend with several (prompt chunks), the page ids each
 gathers and the positions each query may see (as the bool mask and as the additive float mask that
@@ -12,7 +12,10 @@ stages per call; a CPU program builds one plan per step for all its layers
 results are bit for bit the same: the additive mask holds exactly what SDPA derives from the bool
 one (0 where visible, -inf elsewhere, in the queries' float32).
 
-A plan depends on the page table, the row bounds, the positions, the window and the plane
+A chunk (``helios::paged_attention_chunked``, > 0) further limits a query at position p to its own
+chunk, the positions c with c // chunk == p // chunk (c >= p - p % chunk).
+
+A plan depends on the page table, the row bounds, the positions, the window, the chunk and the plane
 geometry (pages, page tokens) only; it holds no cache values, so a step's cache writes between
 layers do not invalidate it.
 """
@@ -63,14 +66,15 @@ class AttentionPlan(NamedTuple):
 
 
 def plan_attention(page_table: torch.Tensor, query_start: torch.Tensor, positions: torch.Tensor, window: int,
-                   k_cache: torch.Tensor) -> AttentionPlan:
-    """The step's plan over validated arguments (reads query_start and positions on the host)."""
+                   k_cache: torch.Tensor, chunk: int = 0) -> AttentionPlan:
+    """The step's plan over validated arguments (reads query_start and positions on the host);
+    `chunk` > 0 keeps each query to its own chunk of positions (see the module docstring)."""
     plane_pages, page_tokens = k_cache.shape[0], k_cache.shape[1]
     bounds = query_start.tolist()
     count = len(bounds) - 1
     num_tokens = positions.shape[0]
     if count == num_tokens and bounds == list(range(count + 1)):  # a full decode step: row r owns token r
-        group = _group(slice(0, count), page_table, positions, window, plane_pages, page_tokens)
+        group = _group(slice(0, count), page_table, positions, window, plane_pages, page_tokens, chunk)
         return AttentionPlan(num_tokens, plane_pages, page_tokens, True, group, ())
     rows, single_rows, single_tokens = [], [], []
     for row in range(count):
@@ -79,16 +83,17 @@ def plan_attention(page_table: torch.Tensor, query_start: torch.Tensor, position
             single_rows.append(row)
             single_tokens.append(start)
         elif end > start:
-            rows.append(_row(start, end, page_table[row], positions[start:end], window, page_tokens))
+            rows.append(_row(start, end, page_table[row], positions[start:end], window, page_tokens, chunk))
     group = None
     if single_rows:
         count = len(single_rows)
         if single_rows[-1] == count - 1 and single_tokens[-1] == count - 1:  # rows 0..n-1 own tokens 0..n-1
-            group = _group(slice(0, count), page_table[:count], positions[:count], window, plane_pages, page_tokens)
+            group = _group(slice(0, count), page_table[:count], positions[:count], window, plane_pages,
+                           page_tokens, chunk)
         else:  # decoding lanes among prompt rows, attended together
             tokens = torch.tensor(single_tokens, device=positions.device)
             chosen = torch.tensor(single_rows, device=positions.device)
-            group = _group(tokens, page_table[chosen], positions[tokens], window, plane_pages, page_tokens)
+            group = _group(tokens, page_table[chosen], positions[tokens], window, plane_pages, page_tokens, chunk)
     return AttentionPlan(num_tokens, plane_pages, page_tokens, False, group, tuple(rows))
 
 
@@ -111,13 +116,14 @@ def attend(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     return out
 
 
-def _group(tokens, page_table, positions, window: int, plane_pages: int, page_tokens: int) -> _Group:
+def _group(tokens, page_table, positions, window: int, plane_pages: int, page_tokens: int, chunk: int = 0) -> _Group:
     if positions.device.type == "cpu" and page_table.device.type == "cpu":
-        return _group_host(tokens, page_table, positions, window, plane_pages, page_tokens)
-    return _group_torch(tokens, page_table, positions, window, plane_pages, page_tokens)
+        return _group_host(tokens, page_table, positions, window, plane_pages, page_tokens, chunk)
+    return _group_torch(tokens, page_table, positions, window, plane_pages, page_tokens, chunk)
 
 
-def _group_torch(tokens, page_table, positions, window: int, plane_pages: int, page_tokens: int) -> _Group:
+def _group_torch(tokens, page_table, positions, window: int, plane_pages: int, page_tokens: int,
+                 chunk: int = 0) -> _Group:
     context_len = int(positions.max()) + 1
     num_pages = _pages_needed(context_len, page_tokens, page_table.shape[1])
     # A shorter row's entries past its last page may hold anything: clamped into the plane, the
@@ -126,11 +132,12 @@ def _group_torch(tokens, page_table, positions, window: int, plane_pages: int, p
     # conversion (the same rows either way).
     page_ids = page_table[:, :num_pages].clamp(0, plane_pages - 1).to(torch.int64)
     cached = torch.arange(num_pages * page_tokens, device=positions.device)
-    allowed = _allowed(cached, positions, window)[:, None, None, :]
+    allowed = _allowed(cached, positions, window, chunk)[:, None, None, :]
     return _Group(tokens, page_ids.reshape(-1), page_ids.shape[0], allowed, _additive(allowed))
 
 
-def _group_host(tokens, page_table, positions, window: int, plane_pages: int, page_tokens: int) -> _Group:
+def _group_host(tokens, page_table, positions, window: int, plane_pages: int, page_tokens: int,
+                chunk: int = 0) -> _Group:
     """`_group` for CPU tensors, computed in numpy over views of them: the same page ids and
     masks (integer comparisons, 0 and -inf) in a few array operations of about a microsecond each
     instead of a dozen torch calls. Without a window, a row's masks are the rows of `_causal`'s
@@ -142,7 +149,7 @@ def _group_host(tokens, page_table, positions, window: int, plane_pages: int, pa
     span = num_pages * page_tokens
     ids = page_table.numpy()[:, :num_pages]
     page_ids = numpy.minimum(numpy.maximum(ids, 0), plane_pages - 1).astype(numpy.int64)  # clip, without a wrapper
-    if window <= 0 and where.min() >= 0:
+    if window <= 0 and chunk <= 0 and where.min() >= 0:
         visible, additive = _causal(table_pages * page_tokens)
         allowed, mask = visible[where, :span], additive[where, :span]
     else:
@@ -150,6 +157,8 @@ def _group_host(tokens, page_table, positions, window: int, plane_pages: int, pa
         allowed = cached[None, :] <= where[:, None]
         if window > 0:
             allowed &= where[:, None] - cached[None, :] < window
+        if chunk > 0:
+            allowed &= cached[None, :] >= (where - where % chunk)[:, None]
         mask = numpy.where(allowed, numpy.float32(0.0), numpy.float32(-numpy.inf))
     return _Group(tokens, torch.from_numpy(page_ids.reshape(-1)), page_ids.shape[0],
                   torch.from_numpy(allowed[:, None, None, :]), torch.from_numpy(mask[:, None, None, :]))
@@ -178,10 +187,10 @@ def _pages_needed(context_len: int, page_tokens: int, table_pages: int) -> int:
     return num_pages
 
 
-def _row(start: int, end: int, pages, positions, window: int, page_tokens: int) -> _Row:
+def _row(start: int, end: int, pages, positions, window: int, page_tokens: int, chunk: int = 0) -> _Row:
     context_len = int(positions.max()) + 1
     num_pages = _pages_needed(context_len, page_tokens, pages.shape[0])
-    allowed = _allowed(torch.arange(context_len, device=positions.device), positions, window)
+    allowed = _allowed(torch.arange(context_len, device=positions.device), positions, window, chunk)
     return _Row(start, end, pages[:num_pages].to(torch.int64), context_len, allowed, _additive(allowed))
 
 
@@ -210,11 +219,14 @@ def _float(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dtype == torch.float32 else tensor.float()
 
 
-def _allowed(cached: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
-    """bool [n, L]: cached position c is visible to query position p (c <= p, inside the window)."""
+def _allowed(cached: torch.Tensor, positions: torch.Tensor, window: int, chunk: int = 0) -> torch.Tensor:
+    """bool [n, L]: cached position c is visible to query position p (c <= p, inside the window
+    and, with `chunk` > 0, inside p's chunk)."""
     allowed = cached[None, :] <= positions[:, None]
     if window > 0:
         allowed &= positions[:, None] - cached[None, :] < window
+    if chunk > 0:
+        allowed &= cached[None, :] >= (positions - torch.remainder(positions, chunk))[:, None]
     return allowed
 
 

@@ -1,0 +1,119 @@
+"""The Llama 4 recipe against transformers' Llama4ForCausalLM on a tiny random float32 checkpoint.
+
+The shape (LLAMA4 below): four layers alternating RoPE (chunked local attention over chunks of 8
+positions, L2 q/k norms after the interleaved-pair rotation) and NoPE layers (full attention, the
+queries scaled by the temperature tuning with floor_scale 4, so the factor changes every 4
+positions), dense and sparse MLPs interleaved (4 experts, top-2 sigmoid weights on the experts'
+inputs, a shared expert). Prompts of 13-14 tokens and 64 generated tokens cross many chunk
+boundaries. Prefill logits, scored log-probabilities and greedy tokens (single, batched, from cached
+prefix pages) equal the reference's (test_equivalence's checks and tolerances); a served core does
+too; each new switch matters; unsupported settings are refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import transformers
+
+from helios.ignition.architecture import CheckpointError, MixtureOfExperts, QueryTemperature, weight_layout
+from helios.ignition.recipes import load_checkpoint
+
+from . import test_equivalence as equivalence
+from .hf_checkpoints import Family, random_model, rewritten_checkpoint, write_checkpoint
+from .test_llama_shaped_served import check_served_core
+
+LLAMA4 = Family("llama4", transformers.Llama4TextConfig, (
+    ("num_hidden_layers", 4), ("head_dim", 16), ("intermediate_size", 32), ("intermediate_size_mlp", 96),
+    ("num_local_experts", 4), ("num_experts_per_tok", 2), ("interleave_moe_layer_step", 2),
+    ("no_rope_layer_interval", 2), ("attention_chunk_size", 8), ("floor_scale", 4), ("attn_scale", 0.5),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), ("tie_word_embeddings", False),
+))
+
+
+@pytest.fixture(scope="module")
+def prepared(prepare):
+    return prepare(LLAMA4)
+
+
+class TestAgainstTransformers(equivalence.FamilyChecks):
+    """test_equivalence's four checks on this module's `prepared` family."""
+
+
+def test_the_prepared_layout_and_switches(prepared):
+    weights, arch = dict(prepared.recipe.weights), prepared.recipe.architecture
+    assert list(weights) == [slot.name for slot in weight_layout(arch)]
+    assert arch.moe == MixtureOfExperts(4, 2, 32, (1, 3), scoring="sigmoid", normalize=False,
+                                        shared_intermediate_size=32, input_weighted=True)
+    assert arch.intermediate_size == 96 and arch.nope_layers == (1, 3) and arch.layer_chunks == (8, 0, 8, 0)
+    assert arch.qk_norm_after_rotary and arch.qk_unnormed_layers == (1, 3) and "layers.1.q_norm" not in weights
+    assert torch.equal(weights["layers.0.q_norm"], torch.ones(16))
+    assert arch.query_temperature == QueryTemperature(4.0, 0.5, (1, 3))
+    block = prepared.reference.model.layers[1].feed_forward
+    assert torch.equal(weights["layers.1.experts.gate_up"], block.experts.gate_up_proj.transpose(1, 2))
+    assert torch.equal(weights["layers.1.router.weight"], block.router.weight)
+
+
+@pytest.mark.parametrize("switch", ["layer_chunks", "query_temperature", "input_weighted", "qk_norm"])
+def test_each_switch_matters(prepared, switch):
+    """Without chunks, the temperature, the input weighting or the q/k norms the prefill logits of a
+    prompt crossing a chunk boundary leave the reference's."""
+    recipe, prompt = prepared.recipe, equivalence.random_prompt(20, seed=11)
+    arch = recipe.architecture
+    changes = {"layer_chunks": dict(layer_chunks=()), "query_temperature": dict(query_temperature=None),
+               "input_weighted": dict(moe=dataclasses.replace(arch.moe, input_weighted=False)),
+               "qk_norm": dict(qk_norm=False, qk_norm_after_rotary=False, qk_unnormed_layers=())}[switch]
+    changed = dataclasses.replace(arch, **changes)
+    reference = equivalence.reference_last_logits(prepared, prompt)
+    assert equivalence.relative_error(equivalence.prefill_logits(arch, recipe.weight_tensors, prompt),
+                                      reference) < equivalence.TOLERANCE
+    ours = equivalence.prefill_logits(changed, equivalence.layout_tensors(recipe, changed), prompt)
+    assert equivalence.relative_error(ours, reference) > 1e-3
+
+
+def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path):
+    check_served_core(tmp_path, LLAMA4, prompt_lens=(5, 19, 11))
+
+
+# ---------------------------------------------------------------------------------------------------
+# config.json spellings and refusals.
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(random_model(LLAMA4, seed=4), tmp_path_factory.mktemp("llama4-checkpoint"))
+
+
+def test_the_derived_lists_follow_the_reference_defaults(checkpoint, tmp_path):
+    """Without layer_types, moe_layers and no_rope_layers the config class's rules derive them."""
+    def edit(config):
+        for key in ("layer_types", "moe_layers", "no_rope_layers"):
+            config.pop(key)
+        config.update(no_rope_layer_interval=4, interleave_moe_layer_step=2, attn_temperature_tuning=False)
+
+    arch = load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit)).architecture
+    assert arch.nope_layers == (3,) and arch.layer_chunks == (8, 8, 8, 0) and arch.moe.sparse_layers == (1, 3)
+    assert arch.qk_unnormed_layers == (3,) and arch.query_temperature is None
+
+
+REFUSED = {
+    "chunked layers without a chunk": (dict(attention_chunk_size=None), "attention_chunk_size"),
+    "another layer kind": (dict(layer_types=["sliding_attention"] * 4), "layer_types"),
+    "moe layers outside the model": (dict(moe_layers=[1, 7]), "moe_layers"),
+    "a zero floor scale": (dict(floor_scale=0), "floor_scale"),
+    "another activation": (dict(hidden_act="gelu"), "hidden_act"),
+    "partial rotary": (dict(rope_parameters={"rope_type": "default", "rope_theta": 100.0,
+                                             "partial_rotary_factor": 0.5}), "partial_rotary_factor"),
+    "the multimodal checkpoint": (dict(architectures=["Llama4ForConditionalGeneration"]),
+                                  "Llama4ForConditionalGeneration"),
+    "too many experts per token": (dict(num_experts_per_tok=5), "5 experts per token of 4"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_unsupported_llama4_settings_are_refused_by_name(checkpoint, tmp_path, case):
+    changes, setting = REFUSED[case]
+    with pytest.raises(CheckpointError, match=setting):
+        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, lambda config: config.update(changes)))
