@@ -115,7 +115,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM",
                                             "Dots1ForCausalLM", "YoutuForCausalLM",
                                             "GraniteMoeHybridForCausalLM", "Llama4ForCausalLM",
-                                            "Llama4ForConditionalGeneration", "MiniMaxM2ForCausalLM"}
+                                            "Llama4ForConditionalGeneration", "MiniMaxM2ForCausalLM",
+                                            "NemotronHForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

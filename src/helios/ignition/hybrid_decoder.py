@@ -75,8 +75,9 @@ def hybrid_hidden(arch: Architecture, w: Mapping[str, torch.Tensor], storage: Hy
             hidden = hidden + attention_block(arch, w, prefix, normed, planes, step, (cos, sin))
         if rows is not None and layer == arch.num_layers - 1:
             hidden = hidden[rows]
-        normed = rms_norm(hidden, w[prefix + "post_norm"], arch.rms_norm_eps)
-        hidden = hidden + mlp_block(arch, w, prefix, normed)
+        if layer not in arch.mlp_free_layers:
+            normed = rms_norm(hidden, w[prefix + "post_norm"], arch.rms_norm_eps)
+            hidden = hidden + mlp_block(arch, w, prefix, normed)
     return rms_norm(hidden, w["final_norm"], arch.rms_norm_eps)
 
 

@@ -73,11 +73,11 @@ def mamba2_geometry(config: Mapping[str, Any], hidden: int, layers: tuple[int, .
         layers=layers, num_heads=heads, head_dim=head_dim, state_size=int(config.get("mamba_d_state", 256)),
         num_groups=int(config.get("mamba_n_groups", 1)), conv_kernel=int(config.get("mamba_d_conv", 4)),
         proj_bias=bool(config.get("mamba_proj_bias", False)), out_bias=bool(config.get("mamba_proj_bias", False)),
-        dt_limit=(_float(limit[0]), _float(limit[1])),
+        dt_limit=(config_float(limit[0]), config_float(limit[1])),
     )
 
 
-def _float(value: Any) -> float:
+def config_float(value: Any) -> float:
     """A config float; JSON writers spell infinity as {"__float__": "Infinity"}."""
     if isinstance(value, Mapping):
         value = value.get("__float__")
@@ -112,7 +112,7 @@ def _layer_weights(arch: Architecture, layer: int, take, tensors: CheckpointTens
     if layer in arch.recurrent.layers:
         out += mixer_weights(arch, src + "mamba.", dst + "mixer.", take, tensors, used)
     else:
-        out += _attention_weights(arch, src + "self_attn.", dst, take)
+        out += attention_weights(arch, src + "self_attn.", dst, take)
     mlp = src + "feed_forward."
     out += [NamedWeight(dst + "post_norm", take(src + "pre_ff_layernorm.weight")),
             NamedWeight(dst + "gate_up.weight", fused(take, [mlp + "gate_proj.weight", mlp + "up_proj.weight"]))]
@@ -124,7 +124,8 @@ def _layer_weights(arch: Architecture, layer: int, take, tensors: CheckpointTens
     return out
 
 
-def _attention_weights(arch: Architecture, src: str, dst: str, take) -> list[NamedWeight]:
+def attention_weights(arch: Architecture, src: str, dst: str, take) -> list[NamedWeight]:
+    """An attention block's slots from the checkpoint's ``src`` q/k/v/o projections."""
     names = [src + "q_proj.", src + "k_proj.", src + "v_proj."]
     out = [NamedWeight(dst + "qkv.weight", fused(take, [n + "weight" for n in names]))]
     if arch.qkv_bias:

@@ -1,0 +1,169 @@
+"""Recipe for Nemotron-H checkpoints (NemotronHForCausalLM).
+
+Nemotron-H stacks blocks of four kinds, each a pre-norm, its mixer and a residual add:
+"linear_attention" (a Mamba2 mixer), "full_attention" (grouped-query attention without positions
+or biases), "mlp" (the non-gated ``down(relu(up(x))^2)``) and "moe". ``layers_block_type`` (or
+``layer_types``; the legacy ``hybrid_override_pattern`` string spells them M, *, - and E) lists them.
+
+Helios's hybrid layer is a mixer block followed by an MLP block (`helios.ignition.hybrid_decoder`),
+so each Mamba2 or attention block becomes one layer together with the MLP block that follows it;
+a mixer block followed by another mixer block (or ending the stack) becomes a layer without an MLP
+(`Architecture.mlp_free_layers`). The arithmetic is the reference's: block i's norm is the layer's
+``input_norm``, the next block's norm its ``post_norm``. Attention rotates nothing: all-zero rotary
+frequencies (cos 1, sin 0). The reference never ties the head to the embeddings.
+
+Refused by name: "moe" blocks (the non-gated relu2 experts have no Helios op yet), an MLP block
+that follows no mixer or attention block, a stack without a Mamba2 or an attention block, other
+activations. Checkpoint tensors live under ``backbone.`` (the released spelling) or ``model.``;
+multi-token prediction tensors (``mtp.``) are not served and skipped, as the reference skips them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from helios.ignition.architecture import Architecture
+from helios.ignition.recipes import bamba
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.checkpoint import CheckpointTensors
+from helios.ignition.recurrent_geometry import RecurrentGeometry
+
+ARCHITECTURES = ("NemotronHForCausalLM",)
+MIXER, ATTENTION, MLP, MOE = "linear_attention", "full_attention", "mlp", "moe"
+_PATTERN = {"M": MIXER, "*": ATTENTION, "-": MLP, "E": MOE}
+_LEGACY = {"mamba": MIXER, "attention": ATTENTION}
+# NemotronHConfig's older spellings, which win over the current key where present
+_ALIASES = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv", "time_step_limit": "mamba_dt_limit",
+            "use_conv_bias": "mamba_conv_bias"}
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
+    prefix = "backbone." if "backbone.embeddings.weight" in tensors else "model."
+    kinds = block_kinds(config)
+    pairs = paired_blocks(kinds)
+    arch = architecture_from_config(config, kinds, pairs, tensors, dtype, prefix)
+    weights, used = prepared_weights(arch, pairs, tensors, prefix)
+    unplaced = sorted(name for name in tensors.names - used if not name.startswith("mtp."))
+    if unplaced:
+        raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
+    return Recipe(source, arch, weights)
+
+
+def block_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """Each block's kind, as NemotronHConfig resolves them (module docstring)."""
+    kinds = config.get("layers_block_type", config.get("layer_types"))
+    if kinds is None and isinstance(config.get("hybrid_override_pattern"), str):
+        pattern = config["hybrid_override_pattern"]
+        if not set(pattern) <= set(_PATTERN):
+            raise UnsupportedCheckpoint(f"config.json: hybrid_override_pattern {pattern!r:.120} must spell each block "
+                                        f"as one of {sorted(_PATTERN)}")
+        kinds = [_PATTERN[char] for char in pattern]
+    if kinds is None:
+        kinds = [MIXER, MOE, ATTENTION, MLP]  # the config class's default
+    if not isinstance(kinds, list) or not kinds or not all(isinstance(kind, str) for kind in kinds):
+        raise UnsupportedCheckpoint(f"config.json: layers_block_type {kinds!r:.120} must list the blocks' kinds")
+    kinds = [_LEGACY.get(kind, kind) for kind in kinds]
+    if not set(kinds) <= {MIXER, ATTENTION, MLP, MOE}:
+        raise UnsupportedCheckpoint(f"config.json: layers_block_type {kinds!r:.120} must name one of "
+                                    f"{(MIXER, ATTENTION, MLP, MOE)} per block")
+    if MOE in kinds:
+        raise UnsupportedCheckpoint("config.json: layers_block_type has 'moe' blocks, which are not supported "
+                                    "(Nemotron-H's non-gated relu2 experts)")
+    return tuple(kinds)
+
+
+def paired_blocks(kinds: tuple[str, ...]) -> tuple[tuple[int, int | None], ...]:
+    """(mixer block, MLP block or None) of each Helios layer: a Mamba2 or attention block and the
+    MLP block right after it."""
+    pairs, block = [], 0
+    while block < len(kinds):
+        if kinds[block] not in (MIXER, ATTENTION):
+            raise UnsupportedCheckpoint(f"config.json: layers_block_type's block {block} ({kinds[block]!r}) follows "
+                                        f"no Mamba2 or attention block, which is not supported")
+        mlp = block + 1 if block + 1 < len(kinds) and kinds[block + 1] == MLP else None
+        pairs.append((block, mlp))
+        block += 1 if mlp is None else 2
+    mixers = {kinds[first] for first, _ in pairs}
+    if mixers != {MIXER, ATTENTION}:
+        raise UnsupportedCheckpoint(f"config.json: layers_block_type needs a Mamba2 ({MIXER!r}) and an attention "
+                                    f"({ATTENTION!r}) block, got only {sorted(mixers)}")
+    return tuple(pairs)
+
+
+def architecture_from_config(config: Mapping[str, Any], kinds: tuple[str, ...], pairs, tensors: CheckpointTensors,
+                             dtype: str | None, prefix: str) -> Architecture:
+    for key, expected in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
+        if config.get(key, expected) != expected:
+            raise UnsupportedCheckpoint(f"config.json: {key} {config.get(key)!r} is not supported (only {expected!r})")
+    declared = config.get("dtype") or config.get("torch_dtype")
+    if dtype is None:
+        dtype = declared if declared in _DTYPES else str(tensors.get(prefix + "embeddings.weight").dtype).removeprefix(
+            "torch.")
+    num_heads = int(config["num_attention_heads"])
+    mixers = tuple(layer for layer, (first, _) in enumerate(pairs) if kinds[first] == MIXER)
+    return Architecture(
+        vocab_size=int(config["vocab_size"]), hidden_size=int(config["hidden_size"]),
+        intermediate_size=int(config["intermediate_size"]), num_layers=len(pairs), num_heads=num_heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or num_heads), head_dim=int(config["head_dim"]),
+        rms_norm_eps=float(config["layer_norm_epsilon"]), layer_windows=(0,) * len(pairs),
+        mlp_bias=bool(config.get("mlp_bias", False)), dtype=dtype, recurrent=_geometry(config, mixers),
+        gated_mlp=False, mlp_activation="relu2",
+        mlp_free_layers=tuple(layer for layer, (_, mlp) in enumerate(pairs) if mlp is None),
+    )
+
+
+def _setting(config: Mapping[str, Any], key: str) -> Any:
+    alias = _ALIASES.get(key)
+    return config[alias] if alias in config else config[key]
+
+
+def _geometry(config: Mapping[str, Any], layers: tuple[int, ...]) -> RecurrentGeometry:
+    limit = _setting(config, "time_step_limit") or (0.0, float("inf"))
+    use_bias = bool(config.get("use_bias", False))
+    return RecurrentGeometry(
+        layers=layers, num_heads=int(config["mamba_num_heads"]), head_dim=int(config["mamba_head_dim"]),
+        state_size=int(config["ssm_state_size"]), num_groups=int(_setting(config, "n_groups")),
+        conv_kernel=int(_setting(config, "conv_kernel")), proj_bias=use_bias, out_bias=use_bias,
+        dt_limit=(bamba.config_float(limit[0]), bamba.config_float(limit[1])),
+    )
+
+
+def prepared_weights(arch: Architecture, pairs, tensors: CheckpointTensors, prefix: str):
+    """The weights in program layout, and the checkpoint names they were made from."""
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        used.add(name)
+        return tensors.get(name).to(arch.torch_dtype)
+
+    weights = [NamedWeight("embed", take(prefix + "embeddings.weight"))]
+    for layer, (first, mlp) in enumerate(pairs):
+        weights += _layer_weights(arch, layer, f"{prefix}layers.{first}.", take, tensors, used)
+        if mlp is not None:
+            weights += _mlp_weights(arch, layer, f"{prefix}layers.{mlp}.", take)
+    weights += [NamedWeight("final_norm", take(prefix + "norm_f.weight")), NamedWeight("lm_head", take("lm_head.weight")),
+                NamedWeight("rope.inv_freq", torch.zeros(arch.head_dim // 2))]
+    return tuple(weights), used
+
+
+def _layer_weights(arch: Architecture, layer: int, src: str, take, tensors, used: set) -> list[NamedWeight]:
+    dst = f"layers.{layer}."
+    out = [NamedWeight(dst + "input_norm", take(src + "norm.weight"))]
+    if layer in arch.recurrent.layers:
+        return out + bamba.mixer_weights(arch, src + "mixer.", dst + "mixer.", take, tensors, used)
+    return out + bamba.attention_weights(arch, src + "mixer.", dst, take)
+
+
+def _mlp_weights(arch: Architecture, layer: int, src: str, take) -> list[NamedWeight]:
+    dst, mlp = f"layers.{layer}.", src + "mixer."
+    out = [NamedWeight(dst + "post_norm", take(src + "norm.weight")),
+           NamedWeight(dst + "up.weight", take(mlp + "up_proj.weight"))]
+    if arch.mlp_bias:
+        out.append(NamedWeight(dst + "up.bias", take(mlp + "up_proj.bias")))
+    out.append(NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight")))
+    if arch.mlp_bias:
+        out.append(NamedWeight(dst + "down.bias", take(mlp + "down_proj.bias")))
+    return out
