@@ -414,6 +414,29 @@ ARCEE = Family("arcee", transformers.ArceeConfig, (
     ("rope_parameters", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "original_max_position_embeddings": 64}), *PHI3_IDS,
 ))
+# Llama 4 (tests/ignition/test_llama4_recipe.py): RoPE layers (chunked attention over chunks of 8 positions, L2 q/k
+# norms after the interleaved-pair rotation) alternating with NoPE layers (full attention, queries scaled by the
+# temperature tuning, floor_scale 4); dense and sparse MLPs interleaved (4 experts, top-2 sigmoid weights on the
+# experts' inputs, a shared expert); untied.
+LLAMA4 = Family("llama4", transformers.Llama4TextConfig, (
+    ("num_hidden_layers", 4), ("head_dim", 16), ("intermediate_size", 32), ("intermediate_size_mlp", 96),
+    ("num_local_experts", 4), ("num_experts_per_tok", 2), ("interleave_moe_layer_step", 2),
+    ("no_rope_layer_interval", 2), ("attention_chunk_size", 8), ("floor_scale", 4), ("attn_scale", 0.5),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), ("tie_word_embeddings", False), *PHI3_IDS,
+))
+# MiniMax-M2 (tests/ignition/test_minimax_m2_recipe.py): q/k norms over whole projections before a partial rotation
+# (rotary_dim 8 of 16), 6 experts in every layer, top-2 of the sigmoid scores plus a correction bias, renormalised.
+MINIMAX_M2 = Family("minimax_m2", transformers.MiniMaxM2Config, (
+    ("head_dim", 16), ("intermediate_size", 32), ("num_local_experts", 6), ("num_experts_per_tok", 2),
+    ("rotary_dim", 8), ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}),
+    ("tie_word_embeddings", False), *PHI3_IDS,
+))
+# Nemotron (tests/ignition/test_nemotron_recipe.py): LayerNorm1P norms (weight + 1, biases), the non-gated relu^2 MLP
+# with biases, q/k/v/o biases, partial rotary (8 of each head's 16 dims, theta 100), untied.
+NEMOTRON = Family("nemotron", transformers.NemotronConfig, (
+    ("attention_bias", True), ("mlp_bias", True), ("norm_eps", 1e-4), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}), *PHI3_IDS,
+))
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""

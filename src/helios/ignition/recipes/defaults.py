@@ -161,6 +161,10 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
     "ArceeForCausalLM": {"vocab_size": 32_000, "hidden_size": 2560, "intermediate_size": 18_432,
                          "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_act": "relu2",
                          "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "max_position_embeddings": 4096},
+    "NemotronForCausalLM": {"vocab_size": 256_000, "hidden_size": 6144, "intermediate_size": 24_576,
+                            "num_hidden_layers": 32, "num_attention_heads": 48, "hidden_act": "relu2",
+                            "norm_eps": 1e-5, "tie_word_embeddings": False, "partial_rotary_factor": 0.5,
+                            "max_position_embeddings": 4096},
 }
 
 

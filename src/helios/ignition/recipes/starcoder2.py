@@ -47,20 +47,33 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
         base, layer_windows=(window or 0,) * base.num_layers, layer_norm=True, norm_bias=True, gated_mlp=False,
         mlp_activation=activation, mlp_bias="model.layers.0.mlp.c_fc.bias" in tensors)
     weights, used = llama.prepared_weights(arch, config, tensors, _layer_weights)
+    return llama.placed_recipe(source, arch, *with_final_norm_bias(arch, weights, used, tensors), tensors)
+
+
+def with_final_norm_bias(arch: Architecture, weights: tuple[NamedWeight, ...], used: set[str],
+                         tensors: CheckpointTensors) -> tuple[tuple[NamedWeight, ...], set[str]]:
+    """`llama.prepared_weights`' (weights, used) with ``final_norm_bias`` (``model.norm.bias``) right
+    after ``final_norm``."""
     final = next(index for index, weight in enumerate(weights) if weight.name == "final_norm") + 1
     used.add("model.norm.bias")
     bias = NamedWeight("final_norm_bias", tensors.get("model.norm.bias").to(arch.torch_dtype))
-    return llama.placed_recipe(source, arch, weights[:final] + (bias,) + weights[final:], used, tensors)
+    return weights[:final] + (bias,) + weights[final:], used
+
+
+def layer_norm_attention_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
+    """A LayerNorm layer's slots from ``input_norm`` through ``post_norm_bias`` (Llama's names, each
+    norm with its bias)."""
+    src, dst = f"model.layers.{layer}.", f"layers.{layer}."
+    out = llama.attention_block_weights(arch, layer, take)
+    out.insert(1, NamedWeight(dst + "input_norm_bias", take(src + "input_layernorm.bias")))
+    return out + [NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight")),
+                  NamedWeight(dst + "post_norm_bias", take(src + "post_attention_layernorm.bias"))]
 
 
 def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
-    src, dst = f"model.layers.{layer}.", f"layers.{layer}."
-    mlp = src + "mlp."
-    out = llama.attention_block_weights(arch, layer, take)
-    out.insert(1, NamedWeight(dst + "input_norm_bias", take(src + "input_layernorm.bias")))
-    out += [NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight")),
-            NamedWeight(dst + "post_norm_bias", take(src + "post_attention_layernorm.bias")),
-            NamedWeight(dst + "up.weight", take(mlp + "c_fc.weight"))]
+    dst, mlp = f"layers.{layer}.", f"model.layers.{layer}.mlp."
+    out = layer_norm_attention_weights(arch, layer, take)
+    out += [NamedWeight(dst + "up.weight", take(mlp + "c_fc.weight"))]
     if arch.mlp_bias:
         out.append(NamedWeight(dst + "up.bias", take(mlp + "c_fc.bias")))
     out.append(NamedWeight(dst + "down.weight", take(mlp + "c_proj.weight")))
