@@ -1,4 +1,5 @@
-"""helios::paged_attention_chunked: the CPU reference against a direct formula, and its argument checks.
+"""helios::paged_attention_chunked: the CPU reference against a direct formula, its argument checks, and its
+Triton kernel (interpreted on the CPU, compiled with CUDA; compiled for sm_90 without a GPU) against the reference.
 
 The batches are those of test_triton_attention (rows of several new tokens after cached ones on
 shuffled pages, decode rows, padding). A query at position p sees the cached positions c <= p with
@@ -6,6 +7,11 @@ c // chunk == p // chunk (and inside a window where one is given too).
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,3 +85,31 @@ def test_the_host_plan_of_a_chunked_decode_group_is_the_torch_plan():
     torch_plan = _group_torch(slice(0, 5), page_table, positions, 0, 30, 4, 8)
     assert torch.equal(host.allowed, torch_plan.allowed) and torch.equal(host.mask, torch_plan.mask)
     assert host.allowed[3, 0, 0].nonzero().flatten().tolist() == [8, 9, 10, 11, 12, 13]
+
+
+@pytest.mark.parametrize("lens, cached, chunk, window, shape", [
+    (MIXED_LENS, MIXED_CACHED, 8, 0, base.Shape()),
+    (MIXED_LENS, MIXED_CACHED, 5, 3, base.Shape(group=3, head_dim=24, page_tokens=4)),
+    (DECODE_LENS, DECODE_CACHED, 16, 0, base.Shape(dtype=torch.bfloat16)),
+])
+def test_the_triton_kernel_matches_the_reference(lens, cached, chunk, window, shape):
+    """Interpreted on the CPU, compiled on CUDA; on the poisoned batch (a read outside a token's
+    chunk, its row's pages or the packed tokens would give NaN)."""
+    from helios.abi.triton_chunked import triton_paged_attention_chunked
+
+    batch = make_batch(45, lens, cached, shape, padding=2)
+    out = base.run(triton_paged_attention_chunked, batch, window, chunk=chunk)
+    assert torch.all(out[batch.num_real_tokens:] == 0)
+    torch.testing.assert_close(out, chunked(batch, window, chunk), **base.TOLERANCE[shape.dtype])
+
+
+def test_the_triton_kernel_compiles_for_hopper():
+    """The compiler, stricter than the interpreter, accepts the kernel (PTX and ptxas, sm_90)."""
+    script = Path(__file__).with_name("compile_chunked_kernels.py")
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_op_has_a_cuda_kernel_registered():
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("helios::paged_attention_chunked", "CUDA")

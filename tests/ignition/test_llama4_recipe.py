@@ -1,6 +1,6 @@
 """The Llama 4 recipe against transformers' Llama4ForCausalLM on a tiny random float32 checkpoint.
 
-The shape (LLAMA4 below): four layers alternating RoPE (chunked local attention over chunks of 8
+The shape (tests/ignition/hf_checkpoints.py LLAMA4): four layers alternating RoPE (chunked local attention over chunks of 8
 positions, L2 q/k norms after the interleaved-pair rotation) and NoPE layers (full attention, the
 queries scaled by the temperature tuning with floor_scale 4, so the factor changes every 4
 positions), dense and sparse MLPs interleaved (4 experts, top-2 sigmoid weights on the experts'
@@ -16,21 +16,13 @@ import dataclasses
 
 import pytest
 import torch
-import transformers
 
 from helios.ignition.architecture import CheckpointError, MixtureOfExperts, QueryTemperature, weight_layout
 from helios.ignition.recipes import load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import Family, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import LLAMA4, random_model, rewritten_checkpoint, write_checkpoint
 from .test_llama_shaped_served import check_served_core
-
-LLAMA4 = Family("llama4", transformers.Llama4TextConfig, (
-    ("num_hidden_layers", 4), ("head_dim", 16), ("intermediate_size", 32), ("intermediate_size_mlp", 96),
-    ("num_local_experts", 4), ("num_experts_per_tok", 2), ("interleave_moe_layer_step", 2),
-    ("no_rope_layer_interval", 2), ("attention_chunk_size", 8), ("floor_scale", 4), ("attn_scale", 0.5),
-    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), ("tie_word_embeddings", False),
-))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The MiniMax-M2 recipe against transformers' MiniMaxM2ForCausalLM on a tiny random float32 checkpoint.
 
-The shape (MINIMAX_M2 below): q/k RMS norms over the whole projections before a partial rotation
+The shape (tests/ignition/hf_checkpoints.py MINIMAX_M2): q/k RMS norms over the whole projections before a partial rotation
 (rotary_dim 8 of head_dim 16), and a mixture in every layer: 6 experts, top-2 of the sigmoid scores
 plus a random correction bias, weighted by the scores renormalised; untied. Prefill logits, scored
 log-probabilities and greedy tokens (single, batched, from cached prefix pages) equal the
@@ -13,21 +13,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from helios.ignition.architecture import CheckpointError, MixtureOfExperts, weight_layout
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.recipes.moe import rotary_order
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import Family, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import MINIMAX_M2, random_model, rewritten_checkpoint, write_checkpoint
 from .test_llama_shaped_served import check_served_core
-
-MINIMAX_M2 = Family("minimax_m2", transformers.MiniMaxM2Config, (
-    ("head_dim", 16), ("intermediate_size", 32), ("num_local_experts", 6), ("num_experts_per_tok", 2),
-    ("rotary_dim", 8), ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}),
-    ("tie_word_embeddings", False), ("bos_token_id", 1), ("eos_token_id", 2),
-))
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ Tensor query_start, Tensor positions, float scale, int window, int chunk) -> Ten
 
 One op rather than an argument of the existing ones, as for the sinks and the soft cap: a schema
 never changes once a core that uses it exists, and only a family with chunked layers calls it. The
-CPU body is the reference (`attention._reference_attention`, whose plan masks each query's chunk).
-The Triton kernels do not take a chunk yet: on CUDA the op raises an `AbiArgumentError` naming
-itself, so a core with chunked layers fails its CUDA startup (graph capture) with that message
-instead of attending past the chunk. There is no tuned variant (the CPU ignores a split schedule).
+CPU body is the reference (`attention._reference_attention`, whose plan masks each query's chunk);
+on CUDA it runs the Triton kernel of `helios.abi.triton_chunked` (imported on first use), which
+walks each token's span (at most one chunk) and never synchronises. There is no tuned variant: the
+span is bounded by the chunk, so there is no split schedule to tune.
 """
 
 from __future__ import annotations
@@ -60,5 +60,7 @@ def _chunked_fake(q, k_cache, v_cache, page_table, query_start, positions, scale
 @paged_attention_chunked.register_kernel("cuda")
 def _chunked_cuda(q, k_cache, v_cache, page_table, query_start, positions, scale, window, chunk):
     check_chunked_args(q, k_cache, v_cache, page_table, query_start, positions, chunk)
-    raise AbiArgumentError(f"{_CHUNKED}: chunked attention has no CUDA kernel yet (the Triton attention kernels "
-                           f"take a window, not a chunk); serve a core with chunked layers on the CPU")
+    from helios.abi.triton_chunked import triton_paged_attention_chunked
+
+    return triton_paged_attention_chunked(q, k_cache, v_cache, page_table, query_start, positions, scale, window,
+                                          chunk)
