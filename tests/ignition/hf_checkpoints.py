@@ -431,6 +431,12 @@ MINIMAX_M2 = Family("minimax_m2", transformers.MiniMaxM2Config, (
     ("rotary_dim", 8), ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}),
     ("tie_word_embeddings", False), *PHI3_IDS,
 ))
+# Nemotron (tests/ignition/test_nemotron_recipe.py): LayerNorm1P norms (weight + 1, biases), the non-gated relu^2 MLP
+# with biases, q/k/v/o biases, partial rotary (8 of each head's 16 dims, theta 100), untied.
+NEMOTRON = Family("nemotron", transformers.NemotronConfig, (
+    ("attention_bias", True), ("mlp_bias", True), ("norm_eps", 1e-4), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}), *PHI3_IDS,
+))
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""
