@@ -366,6 +366,16 @@ NEMOTRON_H = Family("nemotron_h", transformers.NemotronHConfig, (
     ("head_dim", 16), ("mamba_num_heads", 4), ("mamba_head_dim", 24), ("ssm_state_size", 8), ("n_groups", 2),
     ("conv_kernel", 4), ("chunk_size", 8), ("use_bias", True), ("mlp_bias", True), ("tie_word_embeddings", False),
 ))
+# Nemotron-H with experts (Nemotron 3 Nano's blocks): Mamba2 + MoE, attention + MLP, Mamba2 + MoE; 8 non-gated relu^2
+# experts in 2 groups (1 kept), top-2 of the sigmoid scores plus a random choice bias, renormalised and scaled by
+# 2.5, a relu^2 shared expert; no biases, untied.
+NEMOTRON_H_MOE = Family("nemotron_h_moe", transformers.NemotronHConfig, (
+    ("layers_block_type", ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"]),
+    ("head_dim", 16), ("mamba_num_heads", 4), ("mamba_head_dim", 32), ("ssm_state_size", 8), ("n_groups", 1),
+    ("conv_kernel", 4), ("chunk_size", 8), ("n_routed_experts", 8), ("num_experts_per_tok", 2),
+    ("moe_intermediate_size", 32), ("moe_shared_expert_intermediate_size", 48), ("n_group", 2), ("topk_group", 1),
+    ("routed_scaling_factor", 2.5), ("norm_topk_prob", True), ("tie_word_embeddings", False),
+))
 # Qwen3-Next: Gated DeltaNet layers 0 and 2 (2 key heads of 8, 4 value heads of 12: two value heads per
 # key head), a gated attention layer 1 (q/k norms, rotary on half of each 16-wide head); experts (4,
 # top-2, a gated shared expert) in layers 0 and 2, layer 1 dense (mlp_only_layers).
@@ -435,6 +445,13 @@ MINIMAX_M2 = Family("minimax_m2", transformers.MiniMaxM2Config, (
 # with biases, q/k/v/o biases, partial rotary (8 of each head's 16 dims, theta 100), untied.
 NEMOTRON = Family("nemotron", transformers.NemotronConfig, (
     ("attention_bias", True), ("mlp_bias", True), ("norm_eps", 1e-4), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}), *PHI3_IDS,
+))
+# StableLM (tests/ignition/test_stablelm_recipe.py): LayerNorms with biases, the parallel residual, per-head q/k
+# LayerNorms, q/k/v biases, partial rotary (8 of each head's 16 dims, theta 100), untied.
+STABLELM = Family("stablelm", transformers.StableLmConfig, (
+    ("use_parallel_residual", True), ("qk_layernorm", True), ("use_qkv_bias", True), ("layer_norm_eps", 1e-4),
+    ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}), *PHI3_IDS,
 ))
 

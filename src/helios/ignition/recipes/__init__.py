@@ -21,7 +21,7 @@ input-weighted sigmoid experts beside a shared expert). MiniMax-M2 (`minimax_m2`
 partial rotary, sigmoid routing with a correction bias).
 
 More dense decoders: EXAONE 4 (`exaone4`), Apertus (`apertus`), Arcee (`arcee`),
-Nemotron (`nemotron`).
+Nemotron (`nemotron`), StableLM (`stablelm`).
 
 Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qwen3.5 text decoders
 (`qwen3_next`, Gated DeltaNet linear attention and gated attention), Granite 4.0
@@ -54,6 +54,7 @@ from helios.ignition.recipes import exaone4
 from helios.ignition.recipes import apertus
 from helios.ignition.recipes import arcee
 from helios.ignition.recipes import nemotron
+from helios.ignition.recipes import stablelm
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
@@ -92,6 +93,7 @@ _REGISTRY.update({name: exaone4.build for name in exaone4.ARCHITECTURES})
 _REGISTRY.update({name: apertus.build for name in apertus.ARCHITECTURES})
 _REGISTRY.update({name: arcee.build for name in arcee.ARCHITECTURES})
 _REGISTRY.update({name: nemotron.build for name in nemotron.ARCHITECTURES})
+_REGISTRY.update({name: stablelm.build for name in stablelm.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
 _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))

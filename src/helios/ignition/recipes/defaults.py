@@ -165,6 +165,10 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                             "num_hidden_layers": 32, "num_attention_heads": 48, "hidden_act": "relu2",
                             "norm_eps": 1e-5, "tie_word_embeddings": False, "partial_rotary_factor": 0.5,
                             "max_position_embeddings": 4096},
+    "StableLmForCausalLM": {"vocab_size": 50_304, "hidden_size": 2560, "intermediate_size": 6912,
+                            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                            "hidden_act": "silu", "layer_norm_eps": 1e-5, "tie_word_embeddings": False,
+                            "partial_rotary_factor": 0.25, "max_position_embeddings": 4096},
 }
 
 

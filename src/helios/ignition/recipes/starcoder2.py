@@ -62,10 +62,12 @@ def with_final_norm_bias(arch: Architecture, weights: tuple[NamedWeight, ...], u
 
 def layer_norm_attention_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
     """A LayerNorm layer's slots from ``input_norm`` through ``post_norm_bias`` (Llama's names, each
-    norm with its bias)."""
+    norm with its bias; a parallel block ends with ``o``)."""
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
     out = llama.attention_block_weights(arch, layer, take)
     out.insert(1, NamedWeight(dst + "input_norm_bias", take(src + "input_layernorm.bias")))
+    if arch.parallel_block:
+        return out
     return out + [NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight")),
                   NamedWeight(dst + "post_norm_bias", take(src + "post_attention_layernorm.bias"))]
 
