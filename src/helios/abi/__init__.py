@@ -9,4 +9,5 @@ from helios.abi import fused, recurrent, rng, sampling, speculative, token_logpr
 from helios.abi import delta_rule, fresh_attention, reduce_norm, rotary_attention  # noqa: F401  (registers ops)
 from helios.abi import layer_norm, vocab_shards  # noqa: F401  (registers ops)
 from helios.abi import attention_softcap  # noqa: F401  (registers ops)
+from helios.abi import sparse_index  # noqa: F401  (registers ops)
 from helios.abi import attention_chunked  # noqa: F401  (registers ops)

@@ -14,6 +14,9 @@ one of two equal computations, picked by the program (`PackedStep.up_project`, a
   up-projection (q_latent = q_nope W_UK), ``helios::paged_latent_attention`` reads the latent cache
   directly, and the attended latents go through each head's value up-projection W_UV.
 
+With a token-selecting indexer (``arch.indexer``, `helios.ignition.sparse_latent`) every step attends
+absorbed, each query over the positions the indexer selected (``helios::paged_latent_attention_selected``).
+
 The reference order of transformers' DeepseekV3Attention is kept (float32 norms, rotary on halves).
 """
 
@@ -34,7 +37,7 @@ def latent_attention(arch: Architecture, w: Mapping[str, torch.Tensor], layer: i
     """The attended values [T, Hq Dv] of one latent layer (before ``o``); writes this step's latents
     into the layer's planes."""
     latent_arch, prefix, step = arch.latent, f"layers.{layer}.", shared.step
-    q_nope, q_rope = _queries(arch, w, prefix, hidden)
+    q_nope, q_rope, q_latent = _queries(arch, w, prefix, hidden)
     compressed = F.linear(hidden, w[prefix + "kv_a.weight"])
     latent, k_rope = compressed.split([latent_arch.kv_lora_rank, latent_arch.qk_rope_head_dim], dim=-1)
     latent = rms_norm(latent, w[prefix + "kv_a_norm"], latent_arch.norm_eps)
@@ -45,7 +48,12 @@ def latent_attention(arch: Architecture, w: Mapping[str, torch.Tensor], layer: i
                                         step.slot_mapping)
     kv_b = w[prefix + "kv_b.weight"].view(arch.num_heads, latent_arch.qk_nope_head_dim + latent_arch.v_head_dim,
                                           latent_arch.kv_lora_rank)
-    if step.up_project:
+    if arch.indexer is not None:
+        from helios.ignition.sparse_latent import selected_positions
+
+        selected = selected_positions(arch, w, layer, hidden, q_latent, shared)
+        attended = _absorbed(arch, kv_b, q_nope, q_rope, (latent_plane, rope_plane), step, selected)
+    elif step.up_project:
         attended = _up_projected(arch, kv_b, q_nope, q_rope, (latent_plane, rope_plane), step)
     else:
         attended = _absorbed(arch, kv_b, q_nope, q_rope, (latent_plane, rope_plane), step)
@@ -64,25 +72,30 @@ def latent_keys(arch: Architecture, w, layer: int, hidden, shared) -> None:
 
 
 def _queries(arch: Architecture, w, prefix: str, hidden):
-    """(q_nope [T, Hq, Dn], q_rope [T, Hq, Dr]) of the packed tokens."""
-    latent = arch.latent
+    """(q_nope [T, Hq, Dn], q_rope [T, Hq, Dr], the normed query latent [T, Q] or None without a
+    query rank) of the packed tokens."""
+    latent, compressed = arch.latent, None
     if latent.q_lora_rank:
         compressed = rms_norm(F.linear(hidden, w[prefix + "q_a.weight"]), w[prefix + "q_a_norm"], latent.norm_eps)
         q = F.linear(compressed, w[prefix + "q_b.weight"])
     else:
         q = F.linear(hidden, w[prefix + "q.weight"])
     q = q.view(hidden.shape[0], arch.num_heads, latent.qk_head_dim)
-    return q.split([latent.qk_nope_head_dim, latent.qk_rope_head_dim], dim=-1)
+    return (*q.split([latent.qk_nope_head_dim, latent.qk_rope_head_dim], dim=-1), compressed)
 
 
-def _absorbed(arch: Architecture, kv_b, q_nope, q_rope, planes, step) -> torch.Tensor:
-    """[T, Hq, Dv]: attention over the latent cache with the up-projections folded into q and out."""
+def _absorbed(arch: Architecture, kv_b, q_nope, q_rope, planes, step, selected=None) -> torch.Tensor:
+    """[T, Hq, Dv]: attention over the latent cache with the up-projections folded into q and out;
+    with `selected` (int64 [T, K] positions, -1 none) over those positions only."""
     nope = arch.latent.qk_nope_head_dim
     w_uk, w_uv = kv_b[:, :nope], kv_b[:, nope:]  # [Hq, Dn, C], [Hq, Dv, C]
     q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, Hq, C]
-    attended = torch.ops.helios.paged_latent_attention(
-        q_latent.contiguous(), q_rope.contiguous(), planes[0], planes[1], step.page_table, step.query_start,
-        step.positions, arch.attention_scale)
+    geometry = (q_latent.contiguous(), q_rope.contiguous(), planes[0], planes[1], step.page_table, step.query_start,
+                step.positions)
+    if selected is None:
+        attended = torch.ops.helios.paged_latent_attention(*geometry, arch.attention_scale)
+    else:
+        attended = torch.ops.helios.paged_latent_attention_selected(*geometry, selected, arch.attention_scale)
     return torch.bmm(attended.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
 
 

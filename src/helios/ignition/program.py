@@ -25,8 +25,11 @@ index per variant) through ``helios::paged_attention_tuned``; it never writes th
 With `ProgramOptions.device_pending`, DECODE (`DecodeProgram`) also reads and writes
 ``pending_tokens`` (see `helios.ignition.program_spec`).
 
+With a token-selecting indexer (``arch.indexer``) every program takes ``index_cache`` last (the
+indexer's key planes, `helios.ignition.token_indexer`) and writes this step's index keys there.
+
 Mutation: k_cache and v_cache (this step's keys/values, through ``helios::cache_write``), the draft
-planes when present, and output_counts (one count per sampled row, ``index_put_`` with
+planes and ``index_cache`` when present, and output_counts (one count per sampled row, ``index_put_`` with
 accumulation) are written in place. Nothing else that is passed in is modified.
 """
 
@@ -46,7 +49,9 @@ from helios.ignition.program_spec import (
     DRAFT_INPUTS, ENGRAM_PROJ, ENGRAM_ROWS, PENDING_TOKENS, ProgramOptions, engram_weight_slots, logprob_width,
     model_weight_layout,
 )
+from helios.ignition.sparse_latent import IndexStorage
 from helios.ignition.speculative import with_emitted
+from helios.ignition.token_indexer import INDEX_CACHE
 from helios.ignition.tensor_parallel import sample_tokens, sampled_logits, token_scores, with_logit_bias
 from helios.ignition.window_split import WINDOW_INPUTS, WindowStorage, window_tokens
 
@@ -78,6 +83,9 @@ class GenerationProgram(torch.nn.Module):
             self.trailing_input_names = (*self.trailing_input_names, *WINDOW_INPUTS)
         if self.engram:  # last of all: the staged n-gram rows (`helios.ignition.engram`)
             self.trailing_input_names = (*self.trailing_input_names, ENGRAM_ROWS)
+        self.indexed = arch.indexer is not None
+        if self.indexed:  # last: the token indexer's key planes (`helios.ignition.token_indexer`)
+            self.trailing_input_names = (*self.trailing_input_names, INDEX_CACHE)
 
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
@@ -91,6 +99,7 @@ class GenerationProgram(torch.nn.Module):
 
     def run(self, weights, k_cache, v_cache, counts, step: PackedStep, lanes, controls, draft=(), pending=None,
             extra=None):
+        step, draft = self.with_index(step, draft)
         rows, draft = self.split_engram(draft)
         step, draft = self.with_window(step, lanes[0], draft)
         w = self.bind(weights, step, lanes[0], draft)
@@ -115,6 +124,13 @@ class GenerationProgram(torch.nn.Module):
         if not self.engram:
             return None, tuple(trailing)
         return trailing[-1], tuple(trailing[:-1])
+
+    def with_index(self, step: PackedStep, trailing) -> tuple[PackedStep, tuple]:
+        """`step` with the indexer's storage (the last trailing input) and the rest of `trailing`;
+        unchanged without an indexer."""
+        if not self.indexed:
+            return step, tuple(trailing)
+        return step._replace(index=IndexStorage(trailing[-1], [])), tuple(trailing[:-1])
 
     @staticmethod
     def with_engram(step: PackedStep, w, rows) -> PackedStep:
@@ -305,6 +321,7 @@ class ScoredPrefillProgram(GenerationProgram):
         seeds, counters, sampling_params, grammar_mask, logit_bias_ids, logit_bias_values, submission, target_ids, *draft,
     ):
         step = self.packed_step(token_ids, positions, query_lens, request_slots, page_table)
+        step, draft = self.with_index(step, draft)
         rows, draft = self.split_engram(draft)
         step, draft = self.with_window(step, request_slots, draft)
         w = self.bind(weights, step, request_slots, draft)

@@ -257,6 +257,7 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
         return _tuning_spec(capacity, page_tokens, options)
     from helios.ignition import multimodal_spec  # a multimodal core's extra inputs and its VISION program
     from helios.ignition.window_split import window_input_specs  # the sliding layers' own region
+    from helios.ignition.token_indexer import index_input_specs
 
     weights = model_weight_layout(arch, options.draft, multimodal_spec.extra_weight_slots(options)
                                   + engram_weight_slots(arch, options))
@@ -273,6 +274,7 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
         *window_input_specs(arch, page_tokens, options),
         *multimodal_spec.step_inputs(arch, capacity, operation, options),
         *_engram_inputs(capacity, operation, options),
+        *index_input_specs(arch, page_tokens, options, operation),  # last: the token indexer's key planes
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
     if options.token_logprobs:

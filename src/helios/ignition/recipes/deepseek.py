@@ -66,10 +66,11 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
 
 
 def latent_recipe(source: str, arch: Architecture, config: Mapping[str, Any], tensors: CheckpointTensors,
-                  interleaved: bool) -> Recipe:
+                  interleaved: bool, attention_extra=None) -> Recipe:
     """The recipe of a latent-attention `arch` (rotary rows interleaved in the checkpoint or not);
-    refuses a checkpoint with tensors it does not place."""
-    weights, used = prepared_weights(arch, config, tensors, interleaved)
+    refuses a checkpoint with tensors it does not place. `attention_extra(layer, take)`, if given,
+    returns a layer's weights that follow ``o.weight`` (DeepSeek-V3.2's indexer)."""
+    weights, used = prepared_weights(arch, config, tensors, interleaved, attention_extra)
     unplaced = sorted(name for name in tensors.names - used
                       if not name.endswith(_IGNORED_SUFFIXES) and not _is_extra_layer(name, arch.num_layers)
                       and not is_empty_shared_expert(name, arch, tensors))
@@ -211,7 +212,7 @@ def _correction_range(params: Mapping[str, Any], dim: int, base: float) -> tuple
     return max(low, 0), min(high, dim - 1)
 
 
-def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors, interleaved: bool):
+def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors, interleaved: bool, attention_extra=None):
     """The weights in program layout, and the checkpoint names they were made from."""
     used: set[str] = set()
 
@@ -221,7 +222,7 @@ def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors, int
 
     weights = [NamedWeight("embed", take("model.embed_tokens.weight"))]
     for layer in range(arch.num_layers):
-        weights += _layer_weights(arch, layer, take, interleaved, tensors)
+        weights += _layer_weights(arch, layer, take, interleaved, tensors, attention_extra)
     weights.append(NamedWeight("final_norm", take("model.norm.weight")))
     if not arch.tie_word_embeddings:
         weights.append(NamedWeight("lm_head", take("lm_head.weight")))
@@ -230,7 +231,7 @@ def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors, int
 
 
 def _layer_weights(arch: Architecture, layer: int, take, interleaved: bool,
-                   tensors: CheckpointTensors) -> list[NamedWeight]:
+                   tensors: CheckpointTensors, attention_extra=None) -> list[NamedWeight]:
     src, dst, latent = f"model.layers.{layer}.", f"layers.{layer}.", arch.latent
     attn, mlp = src + "self_attn.", src + "mlp."
     heads = _HeadRows(arch, interleaved)
@@ -245,6 +246,7 @@ def _layer_weights(arch: Architecture, layer: int, take, interleaved: bool,
             NamedWeight(dst + "kv_a_norm", take(attn + "kv_a_layernorm.weight")),
             NamedWeight(dst + "kv_b.weight", take(attn + "kv_b_proj.weight")),
             NamedWeight(dst + "o.weight", take(attn + "o_proj.weight")),
+            *(attention_extra(layer, take) if attention_extra is not None else ()),
             NamedWeight(dst + "post_norm", take(src + "post_attention_layernorm.weight"))]
     if arch.is_sparse(layer):
         return out + sparse_weights(arch, layer, take, tensors, _EXPERT_NAMES)
