@@ -2,7 +2,7 @@
 
 Run as a script in a process without TRITON_INTERPRET (see compile_attention_kernels.py): bfloat16 at
 Qwen3-30B-A3B expert shapes (decode and prefill block sizes, both activations, with and without
-biases) and float32. Exits 0 when every kernel compiles.
+biases; Nemotron-H's non-gated relu2 at one block shape) and float32. Exits 0 when every kernel compiles.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def compile_all(dtype: str, precision: str) -> None:
     down = dict(SCHEDULE, inter=pointer, route_weights="*fp32", down=pointer, down_bias=pointer, out="*fp32")
     for block_m, block_n in ((16, 32), (16, 64), (32, 64), (64, 64)):
         for bias in (False, True):
-            for activation in (0, 1):
+            for activation in (0, 1, 2) if block_m == 16 and not bias else (0, 1):  # relu2 (2): one shape
                 compile_kernel(kernels._gate_up_kernel, gate_up,
                                dict(HAS_BIAS=bias, ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n,
                                     BLOCK_K=64, DOT_PRECISION=precision), num_warps=4)
@@ -33,7 +33,7 @@ def compile_all(dtype: str, precision: str) -> None:
 def compile_gemv(dtype: str) -> None:
     pointer = f"*{dtype}"
     for bias in (False, True):
-        for activation in (0, 1):
+        for activation in (0, 1, 2) if bias else (0, 1):  # relu2 (2): with its bias
             compile_kernel(kernels._gate_up_gemv_kernel,
                            dict(hidden=pointer, ids="*i64", gate_up=pointer, gate_up_bias=pointer, inter=pointer,
                                 alpha="fp32", limit="fp32"),

@@ -26,7 +26,8 @@ non-gated xIELU MLP (learned scalars per layer); Arcee's non-gated relu^2 MLP wi
 parallel residual with per-head q/k LayerNorms under partial rotary.
 Granite 4.0's Mamba2 mixers (``helios::causal_conv_update`` / ``helios::ssm_scan``) beside its experts,
 multipliers and attention with or without positions; Nemotron-H's layers without an MLP and the non-gated
-relu^2 MLP beside Mamba2 mixers (heads whose width is not a multiple of hidden_size).
+relu^2 MLP beside Mamba2 mixers (heads whose width is not a multiple of hidden_size), its non-gated relu^2
+experts (the Triton expert kernels' relu2 path) beside grouped sigmoid routing.
 Llama 4's chunked local attention (``helios::paged_attention_chunked``, its Triton kernel), NoPE layers'
 temperature tuning and experts weighted on their inputs beside a shared expert; MiniMax-M2's whole-projection
 q/k norms under partial rotary beside sigmoid routing with a choice bias.
@@ -46,7 +47,7 @@ from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import DOTS1, LATENT_FAMILIES, YOUTU
 from ignition.hf_checkpoints import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, NEMOTRON, STABLELM
-from ignition.hf_checkpoints import GRANITE_HYBRID_FAMILIES, NEMOTRON_H
+from ignition.hf_checkpoints import GRANITE_HYBRID_FAMILIES, NEMOTRON_H, NEMOTRON_H_MOE
 from ignition.hf_checkpoints import LLAMA4, MINIMAX_M2
 from ignition.test_deepseek_v32_recipe import DEEPSEEK_V32, GLM5
 from support.runtime_runs import first_difference, greedy_run, logits_error
@@ -65,7 +66,8 @@ def cores(tmp_path_factory) -> base.Cores:
                                     ERNIE4_5_MOE, *GEMMA_FAMILIES,
                                     *LATENT_FAMILIES, DOTS1, YOUTU, QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE,
                                     EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, *GRANITE_HYBRID_FAMILIES,
-                                    NEMOTRON_H, LLAMA4, MINIMAX_M2, DEEPSEEK_V32, GLM5], ids=lambda f: f.name)
+                                    NEMOTRON_H, NEMOTRON_H_MOE, LLAMA4, MINIMAX_M2, DEEPSEEK_V32, GLM5],
+                         ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)
     run = greedy_run(cores.open(family), base.PROMPTS, base.NEW_TOKENS, base.cuda_options())

@@ -99,7 +99,8 @@ def test_the_prepared_layout_folds_the_multipliers(prepared):
         assert torch.equal(weights["rope.inv_freq"], prepared.reference.model.rotary_emb.inv_freq)
     else:
         assert arch.moe is None and arch.intermediate_size == 96 and arch.tie_word_embeddings
-        assert arch.recurrent.proj_bias and arch.recurrent.out_bias and not torch.any(weights["layers.0.mixer.conv.bias"])
+        assert arch.recurrent.proj_bias and arch.recurrent.out_bias
+        assert not torch.any(weights["layers.0.mixer.conv.bias"])
         assert torch.equal(weights["layers.2.gate_up.weight"], state[shared + "input_linear.weight"])
         assert torch.equal(weights["layers.2.down.weight"], state[shared + "output_linear.weight"] * 0.5)
         assert torch.equal(weights["layers.0.mixer.out.bias"], state["model.layers.0.mamba.out_proj.bias"] * 0.5)

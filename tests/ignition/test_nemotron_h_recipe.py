@@ -19,7 +19,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from helios.ignition.architecture import CheckpointError, weight_layout
+from helios.ignition.architecture import CheckpointError, MixtureOfExperts, weight_layout
 from helios.ignition.program_spec import Operation
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.recipes.defaults import REFERENCE_DEFAULTS
@@ -27,26 +27,71 @@ from helios.ignition.recipes.nemotron_h import paired_blocks
 
 from . import test_equivalence as equivalence
 from .driver import PagedModel, Sequence, generate
-from .hf_checkpoints import NEMOTRON_H, rewritten_checkpoint
+from .hf_checkpoints import NEMOTRON_H, NEMOTRON_H_MOE, rewritten_checkpoint
 from .test_granitemoehybrid_recipe import prepare_hybrid
+
+
+_PREPARED: dict = {}
+
+
+def _prepared(family, tmp_path_factory):
+    """`family` prepared once per session (both fixtures may ask for the dense one)."""
+    if family.name not in _PREPARED:
+        _PREPARED[family.name] = prepare_hybrid(family, tmp_path_factory.mktemp(family.name))
+    return _PREPARED[family.name]
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    return prepare_hybrid(NEMOTRON_H, tmp_path_factory.mktemp("nemotron-h"))
+    return _prepared(NEMOTRON_H, tmp_path_factory)
 
 
-def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(prepared):
+@pytest.fixture(scope="module")
+def with_experts(tmp_path_factory):
+    return _prepared(NEMOTRON_H_MOE, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=[NEMOTRON_H, NEMOTRON_H_MOE], ids=lambda family: family.name)
+def either(request, tmp_path_factory):
+    return _prepared(request.param, tmp_path_factory)
+
+
+def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(either):
     prompt = equivalence.random_prompt(19, seed=3)
-    model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
+    model = PagedModel(either.recipe.weight_tensors, either.programs)
     sequence = Sequence(0, list(prompt))
     generate(model, [sequence], equivalence.NEW_TOKENS, chunk=7)  # three chunks: state carried between them
     assert model.operations_run[:3] == [Operation.PREFILL] * 3
-    equivalence.assert_matches_reference(prepared, sequence, prompt)
+    equivalence.assert_matches_reference(either, sequence, prompt)
 
 
-def test_a_continuous_batch_of_different_lengths_matches_transformers(prepared):
-    equivalence.test_continuous_batch_of_different_lengths_matches(prepared)
+def test_a_continuous_batch_of_different_lengths_matches_transformers(either):
+    equivalence.test_continuous_batch_of_different_lengths_matches(either)
+
+
+def test_the_experts_layout_and_two_ranks_sum_to_the_one_rank_block(with_experts):
+    """Non-gated relu2 experts stacked from their per-expert tensors, the router's float32 weight and
+    choice bias, the relu2 shared expert; each of two ranks' experts.up / shared.up rows and down
+    columns, summed, give the one-rank block."""
+    from helios.ignition.decoder import moe_block
+    from helios.ignition.sharding import rank_architecture, rank_weights
+
+    recipe, arch = with_experts.recipe, with_experts.recipe.architecture
+    weights, state = dict(recipe.weights), with_experts.reference.state_dict()
+    assert [name for name in weights] == [slot.name for slot in weight_layout(arch)]
+    assert arch.moe == MixtureOfExperts(8, 2, 32, (0, 2), scoring="sigmoid", num_groups=2, topk_groups=1, scale=2.5,
+                                        correction_bias=True, activation="relu2", shared_intermediate_size=48)
+    assert arch.mlp_free_layers == () and arch.intermediate_size == 96 and not arch.gated_mlp
+    moe = "model.layers.5.mixer."
+    assert torch.equal(weights["layers.2.experts.up"], state[moe + "experts.up_proj"])
+    assert torch.equal(weights["layers.2.experts.down"], state[moe + "experts.down_proj"])
+    assert torch.equal(weights["layers.2.router.correction_bias"], state[moe + "gate.e_score_correction_bias"])
+    assert torch.equal(weights["layers.2.shared.up.weight"], state[moe + "shared_experts.up_proj.weight"])
+    assert torch.equal(weights["layers.2.post_norm"], state["model.layers.5.norm.weight"])
+    hidden = torch.randn(5, arch.hidden_size, generator=torch.Generator().manual_seed(0))
+    shard = rank_architecture(arch, 2)
+    total = sum(moe_block(shard, dict(rank_weights(recipe, 2, rank)), "layers.0.", hidden).value for rank in range(2))
+    torch.testing.assert_close(total, moe_block(arch, weights, "layers.0.", hidden))
 
 
 def test_the_layout_pairs_each_mixer_block_with_the_mlp_block_after_it(prepared):
@@ -108,7 +153,10 @@ def test_config_defaults_are_the_config_class_defaults():
 
 
 REFUSED = {
-    "moe blocks": (dict(layers_block_type=["linear_attention", "moe", "full_attention", "mlp"] + ["mlp"] * 2), "moe"),
+    "latent experts": (dict(layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention",
+                                               "mlp"], moe_latent_size=32), "moe_latent_size"),
+    "experts beside MLP biases": (dict(layers_block_type=["linear_attention", "moe", "full_attention", "mlp",
+                                                          "linear_attention", "mlp"]), "mlp_bias"),
     "an MLP block first": (dict(layers_block_type=["mlp", "linear_attention", "full_attention", "linear_attention",
                                                    "linear_attention", "mlp"]), "block 0"),
     "two MLP blocks in a row": (dict(layers_block_type=["linear_attention", "mlp", "mlp", "full_attention",

@@ -39,7 +39,9 @@ Tensor down, Tensor? down_bias, str activation, float alpha, float limit) -> Ten
     ``ids - first_local_expert``: expert parallelism). activation:
       - ``"silu"``: act(g, u) = silu(g) * u (alpha and limit are ignored);
       - ``"swiglu_clamped"`` (gpt-oss): g = min(g, limit), u = clamp(u, -limit, limit),
-        act = (u + 1) * g * sigmoid(alpha * g).
+        act = (u + 1) * g * sigmoid(alpha * g);
+      - ``"relu2"`` (Nemotron-H), a non-gated expert: gate_up holds only the F up rows per expert
+        ([E, F, H], gate_up_bias [E, F]) and act(u) = relu(u)^2.
     Products accumulate in float32; the activation and the weighted sum over k run in float32;
     returns [T, H] in hidden's dtype. The CUDA kernel reads only the weights of the experts that
     some token selected.
@@ -53,7 +55,8 @@ from helios.abi.op_library import abi_op
 from helios.abi.registry import AbiArgumentError, check_same_device, check_tensor
 
 __all__ = [
-    "ACTIVATIONS", "MOE_EXPERTS_SCHEMA", "MOE_ROUTE_SCHEMA", "SCORINGS", "moe_experts", "moe_route",
+    "ACTIVATIONS", "MOE_EXPERTS_SCHEMA", "MOE_ROUTE_SCHEMA", "NON_GATED", "SCORINGS", "expert_width", "moe_experts",
+    "moe_route",
     "reference_experts", "reference_route",
 ]
 
@@ -66,7 +69,8 @@ MOE_EXPERTS_SCHEMA = (
     "Tensor? down_bias, str activation, float alpha, float limit) -> Tensor"
 )
 SCORINGS = ("softmax", "topk_softmax", "sigmoid")
-ACTIVATIONS = ("silu", "swiglu_clamped")
+ACTIVATIONS = ("silu", "swiglu_clamped", "relu2")
+NON_GATED = ("relu2",)  # experts whose gate_up holds only the up rows
 _ROUTE, _EXPERTS = "helios::moe_route", "helios::moe_experts"
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -169,9 +173,9 @@ def check_experts_args(hidden, weights, ids, gate_up, gate_up_bias, down, down_b
     check_tensor(_EXPERTS, "ids", ids, torch.int64, tuple(weights.shape))
     check_tensor(_EXPERTS, "gate_up", gate_up, hidden.dtype, (None, None, width))
     experts, double = gate_up.shape[0], gate_up.shape[1]
-    if double % 2:
+    if double % 2 and activation not in NON_GATED:
         raise AbiArgumentError(f"{_EXPERTS}: gate_up has {double} rows per expert, not gate + up (even)")
-    check_tensor(_EXPERTS, "down", down, hidden.dtype, (experts, width, double // 2))
+    check_tensor(_EXPERTS, "down", down, hidden.dtype, (experts, width, expert_width(gate_up, activation)))
     tensors = dict(hidden=hidden, weights=weights, ids=ids, gate_up=gate_up, down=down)
     if gate_up_bias is not None:
         check_tensor(_EXPERTS, "gate_up_bias", gate_up_bias, hidden.dtype, (experts, double))
@@ -182,8 +186,16 @@ def check_experts_args(hidden, weights, ids, gate_up, gate_up_bias, down, down_b
     check_same_device(_EXPERTS, tensors)
 
 
+def expert_width(gate_up: torch.Tensor, activation: str) -> int:
+    """F, an expert's intermediate width: gate_up's rows per expert, halved unless non-gated."""
+    return gate_up.shape[1] if activation in NON_GATED else gate_up.shape[1] // 2
+
+
 def activate(gate_up: torch.Tensor, activation: str, alpha: float, limit: float) -> torch.Tensor:
-    """float32 activation of [N, 2F] gate/up pre-activations (gate columns first)."""
+    """float32 activation of [N, 2F] gate/up pre-activations (gate columns first), or of [N, F] up
+    pre-activations of a non-gated expert."""
+    if activation == "relu2":
+        return torch.square(torch.relu(gate_up.float()))
     gate, up = gate_up.float().chunk(2, dim=-1)
     if activation == "silu":
         return torch.nn.functional.silu(gate) * up

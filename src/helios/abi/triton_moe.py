@@ -10,8 +10,9 @@ into a CUDA graph. Steps (A = T * K token-expert assignments):
    torch ops). The grid holds a static upper bound of blocks, ``min(A, ceil(A / BLOCK_M) + E)``;
    blocks past the last exit at once;
 2. gate/up kernel: block (expert e, its rows) x a tile of F columns: gathers the rows' token
-   hidden states, multiplies by e's gate and up rows (reading only expert e's weights), adds the
-   bias, applies the activation in float32 and writes the intermediate [A, F] in sorted order;
+   hidden states, multiplies by e's gate and up rows (reading only expert e's weights; a non-gated
+   expert's up rows alone), adds the bias, applies the activation in float32 and writes the
+   intermediate [A, F] in sorted order;
 3. down kernel: block x a tile of H columns: intermediate @ down[e]^T (+ bias) times the
    assignment's routing weight, written in float32 to the assignment's own row of [A, H];
 4. the K rows of each token are summed (float32, a fixed order: deterministic) and cast.
@@ -32,11 +33,12 @@ import torch
 import triton
 import triton.language as tl
 
+from helios.abi.moe import expert_width
 from helios.abi.moe_tiles import LaunchTiles, tiles_for
 
 __all__ = ["block_schedule", "triton_moe_experts"]
 
-_ACTIVATION_CODES = {"silu": 0, "swiglu_clamped": 1}
+_ACTIVATION_CODES = {"silu": 0, "swiglu_clamped": 1, "relu2": 2}  # 2: non-gated, gate_up holds the up rows only
 GEMV_ASSIGNMENTS = 32
 
 
@@ -44,6 +46,9 @@ GEMV_ASSIGNMENTS = 32
 def _activate(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
     if ACTIVATION == 0:
         out = gate * tl.sigmoid(gate) * up
+    elif ACTIVATION == 2:  # non-gated: `gate` holds the up projection
+        out = tl.maximum(gate, 0.0)
+        out = out * out
     else:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -72,13 +77,16 @@ def _gate_up_gemv_kernel(hidden, ids, gate_up, gate_up_bias, inter, E, H, F, K, 
         x = tl.load(hidden + token.to(tl.int64) * stride_ht + ks, mask=k_ok, other=0.0).to(tl.float32)
         w_mask = col_ok[:, None] & k_ok[None, :]
         w_gate = tl.load(weights + cols[:, None].to(tl.int64) * stride_gn + ks[None, :], mask=w_mask, other=0.0)
-        w_up = tl.load(weights + (cols[:, None] + F).to(tl.int64) * stride_gn + ks[None, :], mask=w_mask, other=0.0)
         acc_gate += tl.sum(w_gate.to(tl.float32) * x[None, :], axis=1)
-        acc_up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
+        if ACTIVATION != 2:
+            w_up = tl.load(weights + (cols[:, None] + F).to(tl.int64) * stride_gn + ks[None, :], mask=w_mask,
+                           other=0.0)
+            acc_up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
     if HAS_BIAS:
-        bias = gate_up_bias + expert * (2 * F)
+        bias = gate_up_bias + expert * (F if ACTIVATION == 2 else 2 * F)
         acc_gate += tl.load(bias + cols, mask=col_ok, other=0.0).to(tl.float32)
-        acc_up += tl.load(bias + F + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if ACTIVATION != 2:
+            acc_up += tl.load(bias + F + cols, mask=col_ok, other=0.0).to(tl.float32)
     out = _activate(acc_gate, acc_up, alpha, limit, ACTIVATION)
     tl.store(inter + assignment.to(tl.int64) * stride_it + cols, out.to(inter.dtype.element_ty), mask=col_ok)
 
@@ -140,13 +148,16 @@ def _gate_up_kernel(hidden, order, gate_up, gate_up_bias, inter, block_expert, b
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w_mask = k_ok[:, None] & col_ok[None, :]
         w_gate = tl.load(weights + cols[None, :].to(tl.int64) * stride_gn + ks[:, None], mask=w_mask, other=0.0)
-        w_up = tl.load(weights + (cols[None, :] + F).to(tl.int64) * stride_gn + ks[:, None], mask=w_mask, other=0.0)
         acc_gate += tl.dot(x, w_gate, input_precision=DOT_PRECISION)
-        acc_up += tl.dot(x, w_up, input_precision=DOT_PRECISION)
+        if ACTIVATION != 2:
+            w_up = tl.load(weights + (cols[None, :] + F).to(tl.int64) * stride_gn + ks[:, None], mask=w_mask,
+                           other=0.0)
+            acc_up += tl.dot(x, w_up, input_precision=DOT_PRECISION)
     if HAS_BIAS:
-        bias = gate_up_bias + expert.to(tl.int64) * (2 * F)
+        bias = gate_up_bias + expert.to(tl.int64) * (F if ACTIVATION == 2 else 2 * F)
         acc_gate += tl.load(bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        acc_up += tl.load(bias + F + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if ACTIVATION != 2:
+            acc_up += tl.load(bias + F + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     out = _activate(acc_gate, acc_up, alpha, limit, ACTIVATION)
     tl.store(inter + rows.to(tl.int64)[:, None] * stride_it + cols[None, :], out.to(inter.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])
@@ -261,7 +272,7 @@ def triton_moe_experts(hidden, weights, ids, gate_up, gate_up_bias, down, down_b
     tuned table's (`helios.abi.moe_tiles`) choice for this shape (the tuning script sweeps them)."""
     tokens, width = hidden.shape
     top_k = ids.shape[1]
-    num_experts, ffn = gate_up.shape[0], gate_up.shape[1] // 2
+    num_experts, ffn = gate_up.shape[0], expert_width(gate_up, activation)
     assignments = tokens * top_k
     if assignments == 0:
         return torch.zeros_like(hidden)
@@ -312,8 +323,8 @@ def _gemv_experts(hidden, ids, route, experts, biases, inter, out, activation, t
     gate_up, down = experts
     gate_up_bias, down_bias = biases
     activation, alpha, limit = activation
-    assignments, (num_experts, double, width) = ids.shape[0], gate_up.shape
-    ffn, up, dn = double // 2, tiles.gate_up, tiles.down
+    assignments, (num_experts, _, width) = ids.shape[0], gate_up.shape
+    ffn, up, dn = expert_width(gate_up, activation), tiles.gate_up, tiles.down
     top_k = assignments // hidden.shape[0]
     _gate_up_gemv_kernel[(assignments, triton.cdiv(ffn, up.block_n))](
         hidden, ids, gate_up, gate_up_bias if gate_up_bias is not None else gate_up, inter, num_experts, width, ffn,

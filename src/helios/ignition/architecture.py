@@ -27,6 +27,10 @@ Mixture-of-experts layers (``arch.moe``, the layers in ``moe.sparse_layers``) re
   multiplied per token by sigmoid(x . gate) of the block's input x (whole on every tensor-parallel rank,
   so each rank scales its share of the shared expert by the same scalar and the gate stays whole).
   The other layers keep the dense MLP of width ``intermediate_size`` (0 when every layer is sparse).
+  Non-gated experts (``moe.activation`` "relu2", Nemotron-H: relu(up x)^2) hold ``layers.i.experts.up``
+  [E, F, H] (and ``experts.up_bias`` [E, F]) instead of ``experts.gate_up``, their shared expert
+  ``shared.up.weight`` [S, H] instead of ``shared.gate_up.weight``; it and the dense layers are then the
+  non-gated MLP (``gated_mlp`` False) of the same activation.
 
 Multi-head latent attention (``latent`` set, DeepSeek-V2/V3): a layer's attention weights are instead
 ``layers.i.q.weight`` [Hq (Dn + Dr), H] or, with a query rank Q, ``layers.i.q_a.weight`` [Q, H],
@@ -48,7 +52,8 @@ q/k norms apply to the rotated queries and keys (HunYuan) instead of before the 
 Hybrid decoders (``recurrent``, see `helios.ignition.recurrent_geometry`): the listed layers hold a
 recurrent mixer - a Mamba2 mixer or a Gated DeltaNet layer, by the geometry's type - in place of
 attention. Their ``mlp_free_layers`` end after the mixer or attention: no ``post_norm`` and no MLP
-slots (Nemotron-H's blocks, where a mixer need not be followed by an MLP). With ``attention_gate`` (Qwen3-Next, hybrid decoders only) the attention layers'
+slots (Nemotron-H's blocks, where a mixer need not be followed by an MLP).
+With ``attention_gate`` (Qwen3-Next, hybrid decoders only) the attention layers'
 ``qkv.weight`` / ``qkv.bias`` rows end with Hq D output-gate rows: the attended values are multiplied
 by sigmoid(gate) per channel before ``o``.
 
@@ -76,7 +81,9 @@ not an RMSNorm; with ``norm_bias`` too each norm slot ``X`` is followed by its b
 (``layers.i.input_norm_bias``, ``layers.i.post_norm_bias``, ``final_norm_bias``). With
 ``parallel_block`` a layer has no ``post_norm``: its attention and its MLP both read the
 ``input_norm`` output and their sum is added to the residual stream at once (under tensor
-parallelism both partial outputs are summed by one all-reduce where neither has a bias). With
+parallelism both partial outputs are summed by one all-reduce where neither has a bias); with
+``parallel_mlp_norm`` too (GPT-NeoX's parallel residual) the MLP reads its own norm of the layer's
+input, ``post_norm`` (and ``post_norm_bias``), which the layer then holds after ``o``. With
 ``qk_norm_heads`` each head has its own q/k norm weights, ``layers.i.q_norm`` [Hq D] and
 ``layers.i.k_norm`` [Hkv D] (head-major), each head normed over its own D (Cohere's
 ``use_qk_norm``; under tensor parallelism each rank holds its heads' rows). Without ``gated_mlp``
@@ -94,7 +101,8 @@ positions of its own chunk only, [p - p % c, p] (``helios::paged_attention_chunk
 layers only). ``query_temperature`` multiplies the queries of its layers at position p by
 1 + scale * log1p(floor((p + 1) / floor_scale)) (Llama 4's attention temperature tuning of its
 NoPE layers). With ``moe.input_weighted`` each routing weight scales its expert's input instead of
-its output: out = sum_k expert_k(w_k x).
+its output: out = sum_k expert_k(w_k x). ``qkv_clip`` (> 0, DBRX) clamps every output of the q/k/v
+projection (biases included) to [-qkv_clip, qkv_clip] before the heads are split.
 
 Tensor parallelism: an Architecture with ``tensor_parallel`` N > 1 describes ONE rank of N (see
 `helios.ignition.sharding`): heads, key/value heads and the MLP width are that rank's share, the
@@ -123,7 +131,7 @@ class CheckpointError(UsageError):
 
 
 ROUTER_SCORINGS = ("softmax", "topk_softmax", "sigmoid")
-EXPERT_ACTIVATIONS = ("silu", "swiglu_clamped")
+EXPERT_ACTIVATIONS = ("silu", "swiglu_clamped", "relu2")  # relu2: non-gated experts (helios::moe_experts)
 GATED_ACTIVATIONS = ("silu", "gelu_tanh")  # helios::silu_mul, helios::gelu_tanh_mul
 MLP_ACTIVATIONS = GATED_ACTIVATIONS + ("gelu", "relu2", "xielu")  # the non-gated MLP's: helios.ignition.activations
 
@@ -151,6 +159,11 @@ class MixtureOfExperts:
     shared_intermediate_size: int = 0  # 0: no shared expert
     shared_gate: bool = False  # the shared expert's output scaled by sigmoid(x . shared.gate) (Qwen2-MoE)
     input_weighted: bool = False  # each routing weight scales its expert's input, not its output (Llama 4)
+
+    @property
+    def is_gated(self) -> bool:
+        """Gated experts (gate and up rows); a non-gated expert (relu2) has up rows alone."""
+        return self.activation != "relu2"
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORINGS:
@@ -263,6 +276,7 @@ class Architecture:
     layer_norm: bool = False  # every norm is a mean-subtracted LayerNorm (helios::layer_norm), not an RMSNorm
     norm_bias: bool = False  # the LayerNorms add a bias (a ``<norm>_bias`` slot after each norm weight)
     parallel_block: bool = False  # attention and MLP both read input_norm's output; no post_norm
+    parallel_mlp_norm: bool = False  # with parallel_block: the MLP reads post_norm of the layer's input (GPT-NeoX)
     qk_norm_heads: bool = False  # q/k norm weights per head: [Hq D] / [Hkv D], each head normed over its D
     gated_mlp: bool = True  # False: down(act(up(x))) with an ``up`` projection instead of ``gate_up``
     head_bias: bool = False  # the logits add ``lm_head_bias`` (Phi's lm_head bias)
@@ -270,6 +284,7 @@ class Architecture:
     layer_chunks: tuple[int, ...] = ()  # empty, or per layer: 0 unchunked, c > 0 chunked local attention
     qk_unnormed_layers: tuple[int, ...] = ()  # layers without q/k norms (no q_norm / k_norm slots)
     query_temperature: QueryTemperature | None = None  # position-dependent query scaling of some layers
+    qkv_clip: float = 0.0  # > 0: the q/k/v projection's outputs clamped to [-c, c] (DBRX's clip_qkv)
     # Nemotron-H's blocks: layers whose attention or mixer has no MLP after it (hybrid decoders only)
     mlp_free_layers: tuple[int, ...] = ()  # no post_norm and no MLP slots: the layer ends after its mixer
 
@@ -328,7 +343,8 @@ class Architecture:
         bounds = {"embedding_scale": (self.embedding_scale, 0.0, False),
                   "query_pre_attn_scalar": (self.query_pre_attn_scalar, 0.0, True),
                   "logit_softcap": (self.logit_softcap, 0.0, True),
-                  "attention_softcap": (self.attention_softcap, 0.0, True)}
+                  "attention_softcap": (self.attention_softcap, 0.0, True),
+                  "qkv_clip": (self.qkv_clip, 0.0, True)}
         for name, (value, low, zero) in bounds.items():
             if not (math.isfinite(value) and (value > low or (zero and value == low))):
                 raise CheckpointError(f"{name} {value} must be finite and {'>=' if zero else '>'} {low}")
@@ -360,8 +376,14 @@ class Architecture:
             raise CheckpointError("qk_norm_heads needs q/k norms that are layer norms")
         if self.parallel_block and (not self.pre_norms or self.sandwich_norms or self.recurrent is not None):
             raise CheckpointError("parallel_block needs pre-norm layers without sandwich norms or recurrent mixers")
-        if not self.gated_mlp and self.moe is not None:
-            raise CheckpointError("gated_mlp False: the non-gated MLP is for decoders without experts")
+        if self.parallel_mlp_norm and not self.parallel_block:
+            raise CheckpointError("parallel_mlp_norm needs parallel_block (a sequential MLP reads post_norm anyway)")
+        if self.moe is not None and not self.gated_mlp and (self.moe.is_gated
+                                                            or self.mlp_activation != self.moe.activation):
+            raise CheckpointError("gated_mlp False with experts: only beside non-gated experts of the MLP's "
+                                  "activation (their shared expert and dense layers take it)")
+        if self.moe is not None and not self.moe.is_gated and self.gated_mlp:
+            raise CheckpointError(f"non-gated {self.moe.activation} experts need the non-gated MLP (gated_mlp False)")
         if self.mlp_free_layers and (self.recurrent is None or not set(self.mlp_free_layers) <= set(range(
                 self.num_layers)) or any(self.is_sparse(layer) for layer in self.mlp_free_layers)):
             raise CheckpointError(f"mlp_free_layers {self.mlp_free_layers} must be dense layers of a hybrid decoder "
@@ -391,6 +413,8 @@ class Architecture:
             if not finite or temperature.floor_scale <= 0 or not set(temperature.layers) <= layers or not plain:
                 raise CheckpointError(f"query_temperature {temperature} needs a finite positive floor_scale, a finite "
                                       f"scale and plain attention layers of {self.num_layers}")
+        if self.qkv_clip and (self.latent is not None or self.recurrent is not None):
+            raise CheckpointError("qkv_clip needs plain attention layers (no latent attention, no recurrent mixers)")
         if self.moe is not None and self.moe.input_weighted and self.moe.activation != "silu":
             raise CheckpointError("moe.input_weighted: only silu experts take weighted inputs")
 
@@ -497,7 +521,7 @@ def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     layer = int(prefix.split(".")[1])
     if layer in arch.mlp_free_layers:
         return slots
-    if arch.pre_norms and not arch.parallel_block:
+    if arch.pre_norms and (not arch.parallel_block or arch.parallel_mlp_norm):
         slots += _norm_slots(arch, prefix + "post_norm")
     slots += _moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix)
     return slots + ([_slot(prefix + "mlp_out_norm", arch, hidden)] if arch.sandwich_norms else [])
@@ -569,15 +593,16 @@ def _moe_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
         slots.append(WeightSlot(prefix + "router.bias", (experts,), "float32"))
     if moe.correction_bias:
         slots.append(WeightSlot(prefix + "router.correction_bias", (experts,), "float32"))
-    slots.append(_slot(prefix + "experts.gate_up", arch, experts, 2 * ff, hidden))
+    first, rows = ("experts.gate_up", 2 * ff) if moe.is_gated else ("experts.up", ff)  # non-gated: up rows alone
+    slots.append(_slot(prefix + first, arch, experts, rows, hidden))
     if moe.expert_bias:
-        slots.append(_slot(prefix + "experts.gate_up_bias", arch, experts, 2 * ff))
+        slots.append(_slot(prefix + first + "_bias", arch, experts, rows))
     slots.append(_slot(prefix + "experts.down", arch, experts, hidden, ff))
     if moe.expert_bias:
         slots.append(_slot(prefix + "experts.down_bias", arch, experts, hidden))
     if shared:
-        slots += [_slot(prefix + "shared.gate_up.weight", arch, 2 * shared, hidden),
-                  _slot(prefix + "shared.down.weight", arch, hidden, shared)]
+        first, rows = ("shared.gate_up.weight", 2 * shared) if moe.is_gated else ("shared.up.weight", shared)
+        slots += [_slot(prefix + first, arch, rows, hidden), _slot(prefix + "shared.down.weight", arch, hidden, shared)]
     if moe.shared_gate:
         slots.append(_slot(prefix + "shared.gate", arch, 1, hidden))
     return slots

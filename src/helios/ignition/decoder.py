@@ -160,6 +160,8 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
         attended = latent_attention(arch, w, layer, hidden, shared)
         return out(arch, attended if rows is None else attended[rows], w[prefix + "o.weight"], None)
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
+    if arch.qkv_clip:  # DBRX: q, k and v clamped elementwise (each rank its rows alike)
+        qkv = qkv.clamp(-arch.qkv_clip, arch.qkv_clip)
     q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
     if arch.qk_norm_whole:  # OLMo 2: one norm over each whole projection, before the heads are split
         q, k = projection_norm(arch, q, w[prefix + "q_norm"]), projection_norm(arch, k, w[prefix + "k_norm"])
@@ -251,14 +253,16 @@ def gated_activation(arch: Architecture, gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def parallel_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: int, normed, shared: LayerInputs,
-                   rows: torch.Tensor | None = None):
+                   rows: torch.Tensor | None = None, hidden: torch.Tensor | None = None):
     """(delta, bias): a parallel layer's residual delta (``arch.parallel_block``), its attention plus
-    its MLP of the same normed input (with `rows`, of those tokens: `attention_block`'s). Under tensor
+    its MLP of the same normed input (with `rows`, of those tokens: `attention_block`'s), or under
+    ``arch.parallel_mlp_norm`` its MLP of the layer's input `hidden` normed by ``post_norm``. Under tensor
     parallelism the delta is the rank's `Partial`, both products added on the rank so that one
     all-reduce sums them (`residual_update`), and `bias` the o and down biases to add once (None
     without them); on one rank `bias` is None and the delta the whole sum."""
     prefix = f"layers.{layer}."
-    mlp_input = normed if rows is None else normed[rows]
+    mlp_input = block_norm(arch, w, hidden, prefix + "post_norm") if arch.parallel_mlp_norm else normed
+    mlp_input = mlp_input if rows is None else mlp_input[rows]
     if arch.tensor_parallel == 1:
         attended = attention_block(arch, w, layer, normed, shared, rows=rows)
         return attended + mlp_block(arch, w, prefix, mlp_input), None
@@ -288,7 +292,8 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
     weights, ids = torch.ops.helios.moe_route(
         logits, w.get(prefix + "router.correction_bias"), moe.scoring, moe.experts_per_token, moe.num_groups,
         moe.topk_groups, moe.normalize, moe.scale)
-    experts = (w[prefix + "experts.gate_up"], w.get(prefix + "experts.gate_up_bias"), w[prefix + "experts.down"],
+    first = prefix + ("experts.gate_up" if moe.is_gated else "experts.up")  # non-gated: the up rows alone
+    experts = (w[first], w.get(first + "_bias"), w[prefix + "experts.down"],
                w.get(prefix + "experts.down_bias"), moe.activation, moe.alpha, moe.limit)
     if moe.input_weighted:  # Llama 4: expert_k(w_k x), one call per choice (each scales the input its own way)
         ones = torch.ones_like(weights[:, :1])
@@ -298,7 +303,10 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
     else:
         out = torch.ops.helios.moe_experts(hidden, weights, ids, *experts)
     if moe.shared_intermediate_size:
-        shared = gated_activation(arch, F.linear(hidden, w[prefix + "shared.gate_up.weight"]))
+        if moe.is_gated:
+            shared = gated_activation(arch, F.linear(hidden, w[prefix + "shared.gate_up.weight"]))
+        else:  # the non-gated shared expert, of the MLP's activation
+            shared = plain_activation(arch.mlp_activation, F.linear(hidden, w[prefix + "shared.up.weight"]))
         shared = F.linear(shared, w[prefix + "shared.down.weight"])
         if moe.shared_gate:  # Qwen2-MoE: per token, sigmoid of the whole input (each rank: the same scalar)
             shared = shared * torch.sigmoid(F.linear(hidden, w[prefix + "shared.gate"]))
@@ -324,7 +332,7 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rows: torch.Tens
         next_norm = f"layers.{layer + 1}.input_norm" if layer + 1 < arch.num_layers else "final_norm"
         # The residual add and the next norm, one fused op (with the sum over ranks of a Partial).
         if arch.parallel_block:  # Cohere: attention and MLP of one normed input, added at once
-            delta, bias = parallel_block(arch, w, layer, normed, shared, kept)
+            delta, bias = parallel_block(arch, w, layer, normed, shared, kept, hidden)
             hidden = hidden if kept is None else hidden[kept]
             hidden, normed = residual_update(arch, w, hidden if bias is None else hidden + bias, delta, next_norm)
             continue

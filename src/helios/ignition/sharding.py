@@ -202,10 +202,14 @@ class _Cutter:
             full_width, width = full.shared_intermediate_size, shard.shared_intermediate_size
             if key == "shared.gate_up.weight":
                 return self.gate_up(tensor, full_width, width)
+            if key == "shared.up.weight":  # a non-gated shared expert's rows
+                return self.rows(tensor, width).contiguous()
             return self.columns(tensor, width)
         full_width, width = full.expert_intermediate_size, shard.expert_intermediate_size
         if key in ("experts.gate_up", "experts.gate_up_bias"):
             return self.gate_up(tensor, full_width, width, dim=1)
+        if key in ("experts.up", "experts.up_bias"):  # non-gated experts: each expert's up rows
+            return tensor[:, self.rank * width:(self.rank + 1) * width].contiguous()
         if key == "experts.down":
             return tensor[:, :, self.rank * width:(self.rank + 1) * width].contiguous()
         return tensor.clone() if self.rank == 0 else torch.zeros_like(tensor)  # experts.down_bias

@@ -88,7 +88,9 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                              "mlp_hidden_act": "relu2", "mlp_bias": False, "ssm_state_size": 128, "mamba_num_heads": 128,
                              "mamba_head_dim": 64, "mamba_hidden_act": "silu", "n_groups": 8, "conv_kernel": 4,
                              "use_conv_bias": True, "use_bias": False, "layer_norm_epsilon": 1e-5,
-                             "time_step_limit": (0.0, float("inf"))},
+                             "time_step_limit": (0.0, float("inf")), "n_routed_experts": 8, "num_experts_per_tok": 2,
+                             "moe_intermediate_size": 7688, "moe_shared_expert_intermediate_size": 7688, "n_group": 1,
+                             "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0},
     "Qwen3NextForCausalLM": {"vocab_size": 151_936, "hidden_size": 2048, "intermediate_size": 5632,
                              "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
                              "head_dim": 256, "rms_norm_eps": 1e-6, "partial_rotary_factor": 0.25,
@@ -169,6 +171,10 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
                             "hidden_act": "silu", "layer_norm_eps": 1e-5, "tie_word_embeddings": False,
                             "partial_rotary_factor": 0.25, "max_position_embeddings": 4096},
+    "GPTNeoXForCausalLM": {"vocab_size": 50_432, "hidden_size": 6144, "intermediate_size": 24_576,
+                           "num_hidden_layers": 44, "num_attention_heads": 64, "hidden_act": "gelu",
+                           "layer_norm_eps": 1e-5, "tie_word_embeddings": False, "use_parallel_residual": True,
+                           "max_position_embeddings": 2048},
 }
 
 

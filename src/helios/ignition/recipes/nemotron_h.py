@@ -12,10 +12,17 @@ a mixer block followed by another mixer block (or ending the stack) becomes a la
 ``input_norm``, the next block's norm its ``post_norm``. Attention rotates nothing: all-zero rotary
 frequencies (cos 1, sin 0). The reference never ties the head to the embeddings.
 
-Refused by name: "moe" blocks (the non-gated relu2 experts have no Helios op yet), an MLP block
-that follows no mixer or attention block, a stack without a Mamba2 or an attention block, other
-activations. Checkpoint tensors live under ``backbone.`` (the released spelling) or ``model.``;
-multi-token prediction tensors (``mtp.``) are not served and skipped, as the reference skips them.
+A "moe" block is a layer's mixture of experts: DeepSeek-V3's sigmoid routing (``gate.weight``, the
+``e_score_correction_bias`` choice bias, ``n_group`` / ``topk_group``, ``norm_topk_prob``,
+``routed_scaling_factor``), non-gated relu2 experts (``experts.{e}.up_proj`` / ``down_proj``, or
+stacked ``experts.up_proj`` / ``down_proj``: `helios::moe_experts` "relu2") and the relu2 shared
+expert ``shared_experts`` of ``moe_shared_expert_intermediate_size``.
+
+Refused by name: an MLP or MoE block that follows no mixer or attention block, a stack without a
+Mamba2 or an attention block, other activations, the latent expert projections
+(``moe_latent_size``) and MLP biases beside experts (the shared expert has no bias slots).
+Checkpoint tensors live under ``backbone.`` (the released spelling) or ``model.``; multi-token
+prediction tensors (``mtp.``) are not served and skipped, as the reference skips them.
 """
 
 from __future__ import annotations
@@ -24,9 +31,9 @@ from typing import Any, Mapping
 
 import torch
 
-from helios.ignition.architecture import Architecture
+from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes import bamba
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recurrent_geometry import RecurrentGeometry
 
@@ -38,6 +45,7 @@ _LEGACY = {"mamba": MIXER, "attention": ATTENTION}
 _ALIASES = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv", "time_step_limit": "mamba_dt_limit",
             "use_conv_bias": "mamba_conv_bias"}
 _DTYPES = ("float32", "bfloat16", "float16")
+_FEED_FORWARD = (MLP, MOE)
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
@@ -69,21 +77,18 @@ def block_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
     if not set(kinds) <= {MIXER, ATTENTION, MLP, MOE}:
         raise UnsupportedCheckpoint(f"config.json: layers_block_type {kinds!r:.120} must name one of "
                                     f"{(MIXER, ATTENTION, MLP, MOE)} per block")
-    if MOE in kinds:
-        raise UnsupportedCheckpoint("config.json: layers_block_type has 'moe' blocks, which are not supported "
-                                    "(Nemotron-H's non-gated relu2 experts)")
     return tuple(kinds)
 
 
 def paired_blocks(kinds: tuple[str, ...]) -> tuple[tuple[int, int | None], ...]:
-    """(mixer block, MLP block or None) of each Helios layer: a Mamba2 or attention block and the
-    MLP block right after it."""
+    """(mixer block, MLP / MoE block or None) of each Helios layer: a Mamba2 or attention block and
+    the MLP or MoE block right after it."""
     pairs, block = [], 0
     while block < len(kinds):
         if kinds[block] not in (MIXER, ATTENTION):
             raise UnsupportedCheckpoint(f"config.json: layers_block_type's block {block} ({kinds[block]!r}) follows "
                                         f"no Mamba2 or attention block, which is not supported")
-        mlp = block + 1 if block + 1 < len(kinds) and kinds[block + 1] == MLP else None
+        mlp = block + 1 if block + 1 < len(kinds) and kinds[block + 1] in _FEED_FORWARD else None
         pairs.append((block, mlp))
         block += 1 if mlp is None else 2
     mixers = {kinds[first] for first, _ in pairs}
@@ -110,9 +115,28 @@ def architecture_from_config(config: Mapping[str, Any], kinds: tuple[str, ...], 
         num_kv_heads=int(config.get("num_key_value_heads") or num_heads), head_dim=int(config["head_dim"]),
         rms_norm_eps=float(config["layer_norm_epsilon"]), layer_windows=(0,) * len(pairs),
         mlp_bias=bool(config.get("mlp_bias", False)), dtype=dtype, recurrent=_geometry(config, mixers),
-        gated_mlp=False, mlp_activation="relu2",
+        gated_mlp=False, mlp_activation="relu2", moe=_mixture(config, kinds, pairs),
         mlp_free_layers=tuple(layer for layer, (_, mlp) in enumerate(pairs) if mlp is None),
     )
+
+
+def _mixture(config: Mapping[str, Any], kinds: tuple[str, ...], pairs) -> MixtureOfExperts | None:
+    sparse = tuple(layer for layer, (_, block) in enumerate(pairs) if block is not None and kinds[block] == MOE)
+    if not sparse:
+        return None
+    if config.get("moe_latent_size") is not None:
+        raise UnsupportedCheckpoint(f"config.json: moe_latent_size {config['moe_latent_size']!r} is not supported "
+                                    f"(only null: experts of the whole hidden state)")
+    if config.get("mlp_bias"):
+        raise UnsupportedCheckpoint("config.json: mlp_bias true beside moe blocks is not supported (the shared "
+                                    "expert's biases)")
+    return MixtureOfExperts(
+        int(config["n_routed_experts"]), int(config["num_experts_per_tok"]), int(config["moe_intermediate_size"]),
+        sparse, scoring="sigmoid", num_groups=int(config["n_group"]), topk_groups=int(config["topk_group"]),
+        normalize=bool(config["norm_topk_prob"]), scale=float(config["routed_scaling_factor"]),
+        correction_bias=True, activation="relu2",
+        # NemotronHMLP's width: intermediate_size where the shared width is 0 or null
+        shared_intermediate_size=int(config["moe_shared_expert_intermediate_size"] or config["intermediate_size"]))
 
 
 def _setting(config: Mapping[str, Any], key: str) -> Any:
@@ -142,10 +166,12 @@ def prepared_weights(arch: Architecture, pairs, tensors: CheckpointTensors, pref
     weights = [NamedWeight("embed", take(prefix + "embeddings.weight"))]
     for layer, (first, mlp) in enumerate(pairs):
         weights += _layer_weights(arch, layer, f"{prefix}layers.{first}.", take, tensors, used)
-        if mlp is not None:
+        if mlp is not None and arch.is_sparse(layer):
+            weights += _moe_weights(arch, layer, f"{prefix}layers.{mlp}.", take, tensors)
+        elif mlp is not None:
             weights += _mlp_weights(arch, layer, f"{prefix}layers.{mlp}.", take)
-    weights += [NamedWeight("final_norm", take(prefix + "norm_f.weight")), NamedWeight("lm_head", take("lm_head.weight")),
-                NamedWeight("rope.inv_freq", torch.zeros(arch.head_dim // 2))]
+    weights += [NamedWeight("final_norm", take(prefix + "norm_f.weight")),
+                NamedWeight("lm_head", take("lm_head.weight")), NamedWeight("rope.inv_freq", torch.zeros(arch.head_dim // 2))]
     return tuple(weights), used
 
 
@@ -166,4 +192,24 @@ def _mlp_weights(arch: Architecture, layer: int, src: str, take) -> list[NamedWe
     out.append(NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight")))
     if arch.mlp_bias:
         out.append(NamedWeight(dst + "down.bias", take(mlp + "down_proj.bias")))
+    return out
+
+
+def _moe_weights(arch: Architecture, layer: int, src: str, take, tensors: CheckpointTensors) -> list[NamedWeight]:
+    dst, moe = f"layers.{layer}.", src + "mixer."
+
+    def experts(projection: str) -> torch.Tensor:
+        if moe + f"experts.{projection}" in tensors:  # transformers' in-memory stacked spelling
+            return take(moe + f"experts.{projection}")
+        names = [moe + f"experts.{expert}.{projection}.weight" for expert in range(arch.moe.num_experts)]
+        return fused(take, names, stack=True)
+
+    out = [NamedWeight(dst + "post_norm", take(src + "norm.weight")),
+           NamedWeight(dst + "router.weight", take(moe + "gate.weight").float()),
+           NamedWeight(dst + "router.correction_bias", take(moe + "gate.e_score_correction_bias").float()),
+           NamedWeight(dst + "experts.up", experts("up_proj").contiguous()),
+           NamedWeight(dst + "experts.down", experts("down_proj").contiguous())]
+    if arch.moe.shared_intermediate_size:
+        out += [NamedWeight(dst + "shared.up.weight", take(moe + "shared_experts.up_proj.weight")),
+                NamedWeight(dst + "shared.down.weight", take(moe + "shared_experts.down_proj.weight"))]
     return out
