@@ -114,6 +114,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "HunYuanMoEV1ForCausalLM", "Ernie4_5_MoeForCausalLM",
                                             "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM",
                                             "Dots1ForCausalLM", "YoutuForCausalLM",
+                                            "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
                                             "GraniteMoeHybridForCausalLM", "Llama4ForCausalLM",
                                             "Llama4ForConditionalGeneration", "MiniMaxM2ForCausalLM",
                                             "NemotronHForCausalLM"}
