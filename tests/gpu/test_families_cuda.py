@@ -30,7 +30,8 @@ relu^2 MLP beside Mamba2 mixers (heads whose width is not a multiple of hidden_s
 experts (the Triton expert kernels' relu2 path) beside grouped sigmoid routing.
 Llama 4's chunked local attention (``helios::paged_attention_chunked``, its Triton kernel), NoPE layers'
 temperature tuning and experts weighted on their inputs beside a shared expert; MiniMax-M2's whole-projection
-q/k norms under partial rotary beside sigmoid routing with a choice bias.
+q/k norms under partial rotary beside sigmoid routing with a choice bias; DBRX's clamped q/k/v under LayerNorms
+beside softmax experts.
 DeepSeek-V3.2's and GLM-5's token indexer (``helios::index_key_write`` / ``index_topk`` /
 ``paged_latent_attention_selected``: torch bodies on CUDA, captured in graphs), GLM-5's shared layer.
 """
@@ -48,7 +49,7 @@ from ignition.hf_checkpoints import DOTS1, LATENT_FAMILIES, YOUTU
 from ignition.hf_checkpoints import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, NEMOTRON, STABLELM
 from ignition.hf_checkpoints import GRANITE_HYBRID_FAMILIES, NEMOTRON_H, NEMOTRON_H_MOE
-from ignition.hf_checkpoints import LLAMA4, MINIMAX_M2
+from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2
 from ignition.test_deepseek_v32_recipe import DEEPSEEK_V32, GLM5
 from support.runtime_runs import first_difference, greedy_run, logits_error
 
@@ -66,7 +67,7 @@ def cores(tmp_path_factory) -> base.Cores:
                                     ERNIE4_5_MOE, *GEMMA_FAMILIES,
                                     *LATENT_FAMILIES, DOTS1, YOUTU, QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE,
                                     EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, *GRANITE_HYBRID_FAMILIES,
-                                    NEMOTRON_H, NEMOTRON_H_MOE, LLAMA4, MINIMAX_M2, DEEPSEEK_V32, GLM5],
+                                    NEMOTRON_H, NEMOTRON_H_MOE, LLAMA4, MINIMAX_M2, DBRX, DEEPSEEK_V32, GLM5],
                          ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)

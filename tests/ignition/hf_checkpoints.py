@@ -441,6 +441,14 @@ MINIMAX_M2 = Family("minimax_m2", transformers.MiniMaxM2Config, (
     ("rotary_dim", 8), ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}),
     ("tie_word_embeddings", False), *PHI3_IDS,
 ))
+# DBRX (tests/ignition/test_dbrx_recipe.py): LayerNorms without biases, the fused q/k/v projection clamped to
+# [-0.1, 0.1] (its norms draw small weights: most outputs reach past it), 4 experts in every layer (top-2 of the
+# softmax renormalised), untied.
+DBRX = Family("dbrx", transformers.DbrxConfig, (
+    ("attn_config", {"kv_n_heads": 2, "clip_qkv": 0.1, "rope_theta": 100.0}),
+    ("d_model", 64), ("ffn_config", {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), ("tie_word_embeddings", False), *PHI3_IDS,
+))
 # Nemotron (tests/ignition/test_nemotron_recipe.py): LayerNorm1P norms (weight + 1, biases), the non-gated relu^2 MLP
 # with biases, q/k/v/o biases, partial rotary (8 of each head's 16 dims, theta 100), untied.
 NEMOTRON = Family("nemotron", transformers.NemotronConfig, (

@@ -116,7 +116,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Dots1ForCausalLM", "YoutuForCausalLM",
                                             "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
                                             "GraniteMoeHybridForCausalLM", "Llama4ForCausalLM",
-                                            "Llama4ForConditionalGeneration", "MiniMaxM2ForCausalLM",
+                                            "Llama4ForConditionalGeneration", "MiniMaxM2ForCausalLM", "DbrxForCausalLM",
                                             "NemotronHForCausalLM"}
 
 

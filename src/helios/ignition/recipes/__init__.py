@@ -18,7 +18,8 @@ Multi-head latent attention: DeepSeek-V3 and GLM-4.7-Flash (`deepseek`), DeepSee
 (`deepseek_v32`). dots.llm1 (`dots1`: Qwen3's attention, DeepSeek-V3's experts).
 Llama 4 text decoders (`llama4`: chunked local attention, NoPE layers with temperature tuning,
 input-weighted sigmoid experts beside a shared expert). MiniMax-M2 (`minimax_m2`: q/k norms over whole projections,
-partial rotary, sigmoid routing with a correction bias).
+partial rotary, sigmoid routing with a correction bias). DBRX (`dbrx`: LayerNorms, clamped q/k/v, softmax
+experts in every layer).
 
 More dense decoders: EXAONE 4 (`exaone4`), Apertus (`apertus`), Arcee (`arcee`),
 Nemotron (`nemotron`), StableLM (`stablelm`).
@@ -48,6 +49,7 @@ from helios.ignition.recipes import deepseek_v32
 from helios.ignition.recipes import dots1
 from helios.ignition.recipes import llama4
 from helios.ignition.recipes import minimax_m2
+from helios.ignition.recipes import dbrx
 from helios.ignition.recipes import granitemoehybrid
 from helios.ignition.recipes import nemotron_h
 from helios.ignition.recipes import exaone4
@@ -87,6 +89,7 @@ _REGISTRY.update({name: deepseek_v32.build for name in deepseek_v32.ARCHITECTURE
 _REGISTRY.update({name: dots1.build for name in dots1.ARCHITECTURES})
 _REGISTRY.update({name: llama4.build for name in llama4.ARCHITECTURES})
 _REGISTRY.update({name: minimax_m2.build for name in minimax_m2.ARCHITECTURES})
+_REGISTRY.update({name: dbrx.build for name in dbrx.ARCHITECTURES})
 _REGISTRY.update({name: granitemoehybrid.build for name in granitemoehybrid.ARCHITECTURES})
 _REGISTRY.update({name: nemotron_h.build for name in nemotron_h.ARCHITECTURES})
 _REGISTRY.update({name: exaone4.build for name in exaone4.ARCHITECTURES})
