@@ -285,7 +285,6 @@ class Architecture:
     qk_unnormed_layers: tuple[int, ...] = ()  # layers without q/k norms (no q_norm / k_norm slots)
     query_temperature: QueryTemperature | None = None  # position-dependent query scaling of some layers
     qkv_clip: float = 0.0  # > 0: the q/k/v projection's outputs clamped to [-c, c] (DBRX's clip_qkv)
-    qkv_clip: float = 0.0  # > 0: the q/k/v projection's outputs clamped to [-c, c] (DBRX's clip_qkv)
     # Nemotron-H's blocks: layers whose attention or mixer has no MLP after it (hybrid decoders only)
     mlp_free_layers: tuple[int, ...] = ()  # no post_norm and no MLP slots: the layer ends after its mixer
 
@@ -414,8 +413,6 @@ class Architecture:
             if not finite or temperature.floor_scale <= 0 or not set(temperature.layers) <= layers or not plain:
                 raise CheckpointError(f"query_temperature {temperature} needs a finite positive floor_scale, a finite "
                                       f"scale and plain attention layers of {self.num_layers}")
-        if self.qkv_clip and (self.latent is not None or self.recurrent is not None):
-            raise CheckpointError("qkv_clip needs plain attention layers (no latent attention, no recurrent mixers)")
         if self.qkv_clip and (self.latent is not None or self.recurrent is not None):
             raise CheckpointError("qkv_clip needs plain attention layers (no latent attention, no recurrent mixers)")
         if self.moe is not None and self.moe.input_weighted and self.moe.activation != "silu":

@@ -162,8 +162,6 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     if arch.qkv_clip:  # DBRX: q, k and v clamped elementwise (each rank its rows alike)
         qkv = qkv.clamp(-arch.qkv_clip, arch.qkv_clip)
-    if arch.qkv_clip:  # DBRX: q, k and v clamped elementwise (each rank its rows alike)
-        qkv = qkv.clamp(-arch.qkv_clip, arch.qkv_clip)
     q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
     if arch.qk_norm_whole:  # OLMo 2: one norm over each whole projection, before the heads are split
         q, k = projection_norm(arch, q, w[prefix + "q_norm"]), projection_norm(arch, k, w[prefix + "k_norm"])
