@@ -462,6 +462,13 @@ STABLELM = Family("stablelm", transformers.StableLmConfig, (
     ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}), *PHI3_IDS,
 ))
+# GPT-NeoX (tests/ignition/test_gpt_neox_recipe.py): multi-head attention through the per-head fused q/k/v, biased
+# LayerNorms, the parallel residual with the MLP's own norm, the non-gated exact-GELU MLP, partial rotary (8 of each
+# head's 16 dims, theta 100), untied.
+GPT_NEOX = Family("gpt_neox", transformers.GPTNeoXConfig, (
+    ("layer_norm_eps", 1e-4), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}), *PHI3_IDS,
+))
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""

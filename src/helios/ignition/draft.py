@@ -82,7 +82,7 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
         prefix = f"layers.{layer}."
         normed = _block_input(arch, w, hidden, prefix + "input_norm")
         if arch.parallel_block:  # Cohere: attention and MLP read the same normed input
-            delta, bias = parallel_block(arch, w, layer, normed, shared)
+            delta, bias = parallel_block(arch, w, layer, normed, shared, hidden=hidden)
             hidden = hidden + summed(arch, delta)
             hidden = hidden if bias is None else hidden + bias
             continue

@@ -362,8 +362,10 @@ def dense_mlp_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]
     return out
 
 
-def _checkpoint_dtype(config: Mapping[str, Any], tensors: CheckpointTensors) -> str:
+def _checkpoint_dtype(config: Mapping[str, Any], tensors: CheckpointTensors,
+                      embedding: str = "model.embed_tokens.weight") -> str:
+    """The config's declared dtype, else the dtype of the checkpoint's `embedding` tensor."""
     declared = config.get("dtype") or config.get("torch_dtype")
     if declared in _DTYPE_NAMES:
         return _DTYPE_NAMES[declared]
-    return str(tensors.get("model.embed_tokens.weight").dtype).removeprefix("torch.")
+    return str(tensors.get(embedding).dtype).removeprefix("torch.")

@@ -44,6 +44,20 @@ _UNREAD = ("sliding_window", "use_sliding_window", "layer_types", "max_window_la
            "head_dim")
 
 
+def rotary_table_width(config: Mapping[str, Any], head_dim: int) -> int:
+    """The rotated width of heads `head_dim` (hidden_size / heads) wide (`llama.rotary_width`); an
+    UnsupportedCheckpoint where the config's ``head_dim``, which only the reference's rotary table reads
+    (StableLM's, GPT-NeoX's), sizes that table otherwise (the reference fails on it)."""
+    rotary = llama.rotary_width(config, head_dim)
+    declared = config.get("head_dim")
+    if declared and (isinstance(declared, bool) or not isinstance(declared, int) or int(
+            declared * llama.rope_parameters(config, partial=True)["partial_rotary_factor"]) != rotary):
+        raise UnsupportedCheckpoint(f"config.json: head_dim {declared!r} gives a rotary table of another width than "
+                                    f"the {rotary} dimensions of the hidden_size / num_attention_heads wide heads "
+                                    f"that the reference rotates")
+    return rotary
+
+
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
     activation = llama.mlp_activation(config, _ACTIVATIONS)
     eps = llama.norm_epsilon(config, "layer_norm_eps")
@@ -52,13 +66,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     qk = bool(config.get("qk_layernorm"))
     arch = dataclasses.replace(base, layer_norm=True, norm_bias=True, mlp_activation=activation, qk_norm=qk,
                                qk_norm_heads=qk, parallel_block=bool(config.get("use_parallel_residual")))
-    rotary = llama.rotary_width(config, arch.head_dim)
-    declared = config.get("head_dim")  # StableLmRotaryEmbedding sizes its table by it where set
-    if declared and (isinstance(declared, bool) or not isinstance(declared, int) or int(
-            declared * llama.rope_parameters(config, partial=True)["partial_rotary_factor"]) != rotary):
-        raise UnsupportedCheckpoint(f"config.json: head_dim {declared!r} gives a rotary table of another width than "
-                                    f"the {rotary} dimensions of the hidden_size / num_attention_heads wide heads "
-                                    f"that the reference rotates")
+    rotary = rotary_table_width(config, arch.head_dim)
     inv_freq, spread = partial_rotary(config, arch.head_dim, rotary)
     order = rotary_order(arch.head_dim, rotary)
 
