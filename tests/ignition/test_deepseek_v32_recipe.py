@@ -21,7 +21,7 @@ import transformers
 
 from helios.ignition.architecture import CheckpointError, weight_layout
 from helios.ignition.capture import build_program
-from helios.ignition.program_spec import Operation, program_spec
+from helios.ignition.program_spec import Operation, ProgramOptions, program_spec
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
@@ -152,6 +152,18 @@ def test_the_schedule_of_shared_layers_is_read_when_types_are_missing(checkpoint
         config.update(schedule)
 
     assert load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit)).architecture.indexer.layers == (0,)
+
+
+def test_a_bfloat16_core_keeps_the_index_weights_float32(checkpoint):
+    weights = dict(load_checkpoint(checkpoint, dtype="bfloat16").weights)
+    assert weights["layers.0.indexer.weights"].dtype == torch.float32
+    assert weights["layers.0.indexer.q.weight"].dtype == torch.bfloat16
+
+
+def test_programs_without_a_selection_path_are_refused(checkpoint):
+    arch = load_checkpoint(checkpoint).architecture
+    with pytest.raises(CheckpointError, match="draft model"):
+        program_spec(arch, Operation.PREFILL, VARIANTS[0][1], PAGE_TOKENS, ProgramOptions(draft=arch))
 
 
 def test_the_architecture_refuses_indexers_that_do_not_fit(checkpoint):
