@@ -369,6 +369,27 @@ NEMOTRON_H = Family("nemotron_h", transformers.NemotronHConfig, (
 # Nemotron-H with experts (Nemotron 3 Nano's blocks): Mamba2 + MoE, attention + MLP, Mamba2 + MoE; 8 non-gated relu^2
 # experts in 2 groups (1 kept), top-2 of the sigmoid scores plus a random choice bias, renormalised and scaled by
 # 2.5, a relu^2 shared expert; no biases, untied.
+# Falcon-H1 (tests/ignition/test_falcon_h1_recipe.py): attention and a Mamba2 mixer side by side in each of 2 layers,
+# every muP multiplier away from 1; the mixer 96 wide (mamba_d_ssm: not mamba_expand x hidden), two B/C groups,
+# gated but not normed; rotary attention with q/k/v/o biases, in_proj / out_proj biases, untied.
+_FALCON_H1_MULTIPLIERS = (
+    ("embedding_multiplier", 2.0), ("lm_head_multiplier", 0.5), ("key_multiplier", 0.7),
+    ("attention_in_multiplier", 1.3), ("attention_out_multiplier", 0.8), ("ssm_in_multiplier", 1.2),
+    ("ssm_out_multiplier", 0.9), ("mlp_multipliers", [1.1, 0.6]), ("ssm_multipliers", [0.5, 1.5, 0.8, 1.2, 0.7]))
+FALCON_H1 = Family("falcon_h1", transformers.FalconH1Config, (
+    ("mamba_d_ssm", 96), ("mamba_n_heads", 4), ("mamba_d_state", 8), ("mamba_n_groups", 2), ("mamba_d_conv", 4),
+    ("mamba_chunk_size", 8), ("mamba_proj_bias", True), ("projectors_bias", True), ("attention_bias", True),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), ("tie_word_embeddings", False),
+    *_FALCON_H1_MULTIPLIERS,
+))
+# The gated norm variant (mamba_rms_norm, the norm after the gate), one group, tied.
+FALCON_H1_NORMED = Family("falcon_h1_normed", transformers.FalconH1Config, (
+    ("mamba_d_ssm", 96), ("mamba_n_heads", 4), ("mamba_d_state", 8), ("mamba_n_groups", 1), ("mamba_d_conv", 4),
+    ("mamba_chunk_size", 8), ("mamba_rms_norm", True), ("mamba_norm_before_gate", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), ("tie_word_embeddings", True),
+    *_FALCON_H1_MULTIPLIERS,
+))
+FALCON_H1_FAMILIES = (FALCON_H1, FALCON_H1_NORMED)
 NEMOTRON_H_MOE = Family("nemotron_h_moe", transformers.NemotronHConfig, (
     ("layers_block_type", ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"]),
     ("head_dim", 16), ("mamba_num_heads", 4), ("mamba_head_dim", 32), ("ssm_state_size", 8), ("n_groups", 1),
@@ -467,6 +488,12 @@ STABLELM = Family("stablelm", transformers.StableLmConfig, (
 # head's 16 dims, theta 100), untied.
 GPT_NEOX = Family("gpt_neox", transformers.GPTNeoXConfig, (
     ("layer_norm_eps", 1e-4), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}), *PHI3_IDS,
+))
+# GLM v1 (tests/ignition/test_glm_recipe.py): GLM-4 dense without the sandwich norms: fused gate_up_proj, q/k/v biases,
+# interleaved partial rotary (8 of each head's 16 dims, theta 100), untied.
+GLM = Family("glm", transformers.GlmConfig, (
+    ("head_dim", 16), ("attention_bias", True), ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}), *PHI3_IDS,
 ))
 

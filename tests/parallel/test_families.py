@@ -4,6 +4,8 @@ through the runtime API (ranks as threads of this process: the same code path as
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from helios.runtime.offline import generate
@@ -14,6 +16,8 @@ from ignition.hf_checkpoints import ERNIE4_5_MOE, GRANITE_MOE_SHARED, HUNYUAN_MO
 from ignition.hf_checkpoints import DEEPSEEK_V2
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import QWEN3_NEXT
+from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2
+from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, GPT_NEOX, NEMOTRON, STABLELM
 
 # Mixtral's experts are cut by the same code as Qwen3-MoE's (tests/parallel/test_moe_sharding.py covers
 # the cut itself); GLM-4.5 adds shared experts, dense first layers and partial rotary; gpt-oss attention
@@ -42,6 +46,16 @@ FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAM
             + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + (COHERE, STARCODER2, PHI2)
             + (QWEN2_MOE, OLMOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, ERNIE4_5_MOE) + (DEEPSEEK_V2,)
             + GEMMA_FAMILIES + (QWEN3_NEXT,))
+# Llama 4 (chunked and NoPE layers' heads, experts weighted on their whole inputs, the shared expert cut by width),
+# MiniMax-M2 (OLMoE's whole-projection q/k norms under partial rotary) and DBRX (q/k/v clamped on each rank's rows):
+# shapes the families above already cut, so only with HELIOS_MOE_RANK_SWEEP=1 (about 25 s each).
+if os.environ.get("HELIOS_MOE_RANK_SWEEP") == "1":
+    FAMILIES += (LLAMA4, MINIMAX_M2, DBRX)
+# EXAONE 4, Apertus, Arcee, Nemotron, StableLM and GPT-NeoX cut into shapes the families above cover (per-head q/k
+# norms, the non-gated MLP's rows, replicated LayerNorms and xIELU scalars, the parallel block with biases; GPT-NeoX's
+# MLP norm is whole on each rank like its input): two ranks only with HELIOS_DENSE_RANK_SWEEP=1.
+if os.environ.get("HELIOS_DENSE_RANK_SWEEP") == "1":
+    FAMILIES += (EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX)
 
 from .conftest import MAX_TOKENS, PROMPTS, greedy_tokens, running
 

@@ -10,7 +10,7 @@ Supported: Llama, Mistral, Qwen2, Qwen3, Seed-OSS (`llama`), Ernie 4.5 dense (`e
 and Granite MoE Shared (`granite_moe`), Hunyuan MoE (`hunyuan_moe`), Ernie 4.5
 MoE (`ernie4_5_moe`), DeepSeek-V3
 (`deepseek`), Bamba (`bamba`), gpt-oss (`gpt_oss`), Phi-3 / Phi-3.5 / Phi-4-mini (`phi3`), SmolLM3
-(`smollm3`), Gemma and Gemma 2 (`gemma`), Gemma 3 text (`gemma3`), GLM-4 dense (`glm4`), OLMo 2 and
+(`smollm3`), Gemma and Gemma 2 (`gemma`), Gemma 3 text (`gemma3`), GLM-4 dense and GLM v1 (`glm4`), OLMo 2 and
 OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`), StarCoder2 (`starcoder2`), Phi-1 / Phi-2 (`phi`) and the Qwen vision-language decoders (`qwen_vl`).
 
 Multi-head latent attention: DeepSeek-V3 and GLM-4.7-Flash (`deepseek`), DeepSeek-V2 and V2-Lite
@@ -27,7 +27,8 @@ Nemotron (`nemotron`), StableLM (`stablelm`), GPT-NeoX (`gpt_neox`).
 Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qwen3.5 text decoders
 (`qwen3_next`, Gated DeltaNet linear attention and gated attention), Granite 4.0
 (`granitemoehybrid`, Mamba2 mixers with Granite's multipliers and experts), Nemotron-H
-(`nemotron_h`, Mamba2, attention and relu2 MLP blocks).
+(`nemotron_h`, Mamba2, attention and relu2 MLP blocks), Falcon-H1 (`falcon_h1`, attention and a
+Mamba2 mixer side by side in every layer).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from helios.ignition.recipes import minimax_m2
 from helios.ignition.recipes import dbrx
 from helios.ignition.recipes import granitemoehybrid
 from helios.ignition.recipes import nemotron_h
+from helios.ignition.recipes import falcon_h1
 from helios.ignition.recipes import exaone4
 from helios.ignition.recipes import apertus
 from helios.ignition.recipes import arcee
@@ -93,6 +95,7 @@ _REGISTRY.update({name: minimax_m2.build for name in minimax_m2.ARCHITECTURES})
 _REGISTRY.update({name: dbrx.build for name in dbrx.ARCHITECTURES})
 _REGISTRY.update({name: granitemoehybrid.build for name in granitemoehybrid.ARCHITECTURES})
 _REGISTRY.update({name: nemotron_h.build for name in nemotron_h.ARCHITECTURES})
+_REGISTRY.update({name: falcon_h1.build for name in falcon_h1.ARCHITECTURES})
 _REGISTRY.update({name: exaone4.build for name in exaone4.ARCHITECTURES})
 _REGISTRY.update({name: apertus.build for name in apertus.ARCHITECTURES})
 _REGISTRY.update({name: arcee.build for name in arcee.ARCHITECTURES})

@@ -1,4 +1,5 @@
-"""Recipe for GLM-4 dense checkpoints: Glm4ForCausalLM (GLM-4-0414, GLM-Z1; transformers' Glm4Config).
+"""Recipe for GLM-4 dense checkpoints: Glm4ForCausalLM (GLM-4-0414, GLM-Z1; transformers' Glm4Config), and
+GLM v1 (GlmForCausalLM: GLM-4-9B, GLM-Edge; GlmConfig), the same decoder without the sandwich norms.
 
 The decoder is Llama's grouped-query attention with these differences:
 
@@ -16,7 +17,7 @@ The decoder is Llama's grouped-query attention with these differences:
   de-interleaved, then `helios.ignition.recipes.moe.rotary_order`, with zero frequencies for the
   pass-through pairs); one permutation of both q and k leaves every q.k unchanged.
 
-Glm4Config's defaults (`helios.ignition.recipes.defaults`) fill the keys a config.json leaves out
+Glm4Config's and GlmConfig's defaults (`helios.ignition.recipes.defaults`) fill the keys a config.json leaves out
 (its ``rms_norm_eps`` 1.5625e-7, ``head_dim`` 128, ``partial_rotary_factor`` 0.5, ...). The
 reference attends causally over the whole context: a window or ``layer_types`` in config.json are
 not read. Refused by name: another ``hidden_act``, rope types other than Llama's (default, linear,
@@ -36,14 +37,15 @@ from helios.ignition.recipes.base import NamedWeight, Recipe
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.moe import rotary_order
 
-ARCHITECTURES = ("Glm4ForCausalLM",)
+ARCHITECTURES = ("Glm4ForCausalLM", "GlmForCausalLM")
 _UNREAD = ("sliding_window", "use_sliding_window", "layer_types")  # the reference masks causally
 _ROTATED = tuple(f"self_attn.{proj}.{kind}" for proj in ("q_proj", "k_proj") for kind in ("weight", "bias"))
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
     config = {key: value for key, value in config.items() if key not in _UNREAD}
-    arch = dataclasses.replace(llama.architecture_from_config(source, config, tensors, dtype), sandwich_norms=True)
+    arch = dataclasses.replace(llama.architecture_from_config(source, config, tensors, dtype),
+                               sandwich_norms=source == "Glm4ForCausalLM")
     rotary = llama.rotary_width(config, arch.head_dim)
     order = rotary_layout(arch.head_dim, rotary)
     inv_freq = torch.zeros(arch.head_dim // 2, dtype=torch.float32)
@@ -72,10 +74,10 @@ def _layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
     *attention, before_mlp = llama.attention_weights(arch, layer, take)  # ends with post_attention_layernorm
     mlp = src + "mlp."
-    return attention + [
-        NamedWeight(dst + "attn_out_norm", take(src + "post_self_attn_layernorm.weight")),
-        before_mlp,
-        NamedWeight(dst + "gate_up.weight", take(mlp + "gate_up_proj.weight")),
-        NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight")),
-        NamedWeight(dst + "mlp_out_norm", take(src + "post_mlp_layernorm.weight")),
-    ]
+    if arch.sandwich_norms:
+        attention.append(NamedWeight(dst + "attn_out_norm", take(src + "post_self_attn_layernorm.weight")))
+    out = attention + [before_mlp, NamedWeight(dst + "gate_up.weight", take(mlp + "gate_up_proj.weight")),
+                       NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight"))]
+    if arch.sandwich_norms:
+        out.append(NamedWeight(dst + "mlp_out_norm", take(src + "post_mlp_layernorm.weight")))
+    return out
