@@ -53,9 +53,14 @@ def truncated(recipe: Recipe, num_layers: int) -> Recipe:
     if moe is not None:
         sparse = tuple(layer for layer in moe.sparse_layers if layer < num_layers)
         moe = dataclasses.replace(moe, sparse_layers=sparse) if sparse else None
+    kept = lambda layers: tuple(layer for layer in layers if layer < num_layers)  # noqa: E731
+    temperature = full.query_temperature
+    if temperature is not None:
+        temperature = dataclasses.replace(temperature, layers=kept(temperature.layers))
     arch = dataclasses.replace(full, num_layers=num_layers, layer_windows=full.layer_windows[:num_layers], moe=moe,
-                               nope_layers=tuple(layer for layer in full.nope_layers if layer < num_layers),
-                               local_rope_layers=tuple(layer for layer in full.local_rope_layers if layer < num_layers))
+                               nope_layers=kept(full.nope_layers), local_rope_layers=kept(full.local_rope_layers),
+                               layer_chunks=full.layer_chunks[:num_layers], qk_unnormed_layers=kept(full.qk_unnormed_layers),
+                               query_temperature=temperature)
     names = {slot.name for slot in weight_layout(arch)}  # (no local rope table without local layers)
     keep = [w for w in recipe.weights if w.name in names]
     return Recipe(recipe.source_architecture, arch, tuple(NamedWeight(w.name, w.tensor) for w in keep))

@@ -98,14 +98,16 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
         return
     bias = w.get(prefix + "qkv.bias")
     kv = F.linear(normed, w[prefix + "qkv.weight"][arch.q_size:], None if bias is None else bias[arch.q_size:])
+    if arch.qkv_clip:  # DBRX: elementwise, so clamping the k/v rows alone is the decoder's clamp
+        kv = kv.clamp(-arch.qkv_clip, arch.qkv_clip)
     if arch.qk_norm_whole:  # OLMo 2: the whole key projection normed before the heads are split
         kv = torch.cat((projection_norm(arch, kv[:, :arch.kv_size], w[prefix + "k_norm"]), kv[:, arch.kv_size:]), 1)
     k, v = kv.reshape(-1, 2 * arch.num_kv_heads, arch.head_dim).split(arch.num_kv_heads, dim=1)
     cos, sin = layer_tables(arch, last, shared)
-    if arch.qk_norm_after_rotary:  # HunYuan's order: rotate, then norm
+    if arch.qk_norm_after_rotary and arch.is_qk_normed(last):  # HunYuan's order: rotate, then norm
         k = rms_norm(apply_rotary(k, cos, sin), w[prefix + "k_norm"], arch.rms_norm_eps)
     else:
-        if arch.qk_norm and not arch.qk_norm_whole:
+        if arch.is_qk_normed(last) and not arch.qk_norm_whole:  # (not Llama 4's un-normed layers)
             k = head_norm(arch, k, w[prefix + "k_norm"])
         k = apply_rotary(k, cos, sin)
     torch.ops.helios.cache_write(storage.k_cache[last], storage.v_cache[last], k.contiguous(), v.contiguous(),
