@@ -14,6 +14,8 @@ ops' tie rule and padding; hostile configs are refused with CheckpointError nami
 from __future__ import annotations
 
 import dataclasses
+import os
+import random
 
 import pytest
 import torch
@@ -30,11 +32,14 @@ from helios.runtime.service import RuntimeOptions, build_runtime
 
 from . import test_equivalence as equivalence
 from .conftest import PAGE_TOKENS, VARIANTS, Prepared, single_thread
+from .driver import PagedModel, Sequence, generate as generate_steps
 from .hf_checkpoints import _YARN, Family, random_model, rewritten_checkpoint, write_checkpoint
 from .test_llama_shaped_served import _prepared as prepared_core
 from .test_llama_shaped_served import check_served_core
 
 PRESSED_TOKENS = 30  # generated per request under cache pressure
+# Random indexer configurations against transformers (suite: one; HELIOS_DSA_FUZZ_SEEDS=200 for a sweep).
+FUZZ_SEEDS = int(os.environ.get("HELIOS_DSA_FUZZ_SEEDS", "1"))
 
 _SHAPE = (
     ("num_hidden_layers", 2), ("num_key_value_heads", 4), ("q_lora_rank", 24), ("kv_lora_rank", 32),
@@ -208,3 +213,45 @@ def test_preempted_requests_keep_their_index_keys(tmp_path):
         finally:
             runtime.close()
         assert tokens == expected, preemption
+
+
+def _fuzz_family(seed: int) -> Family:
+    """A random DeepSeek-V3.2 or GLM-5 shape: top-k 1-8, rotary split 8 or 16 of an index head up to 8
+    wider, one to three layers (GLM-5: each after the first full or shared), dense then sparse MLPs,
+    YaRN or the default rope. 16 or 32 index heads keep exact ties (every head ReLU'd to zero) rare."""
+    rng = random.Random(seed)
+    glm, layers, rope = rng.random() < 0.5, rng.randint(1, 3), rng.choice([8, 16])
+    dense = rng.randint(0, layers)
+    kinds = ["dense"] * dense + ["sparse"] * (layers - dense)
+    overrides = dict(
+        num_hidden_layers=layers, num_key_value_heads=4, q_lora_rank=rng.choice([16, 24]),
+        kv_lora_rank=rng.choice([16, 32]), qk_rope_head_dim=rope, qk_nope_head_dim=rng.choice([8, 16]),
+        v_head_dim=rng.choice([16, 24]), n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_shared_experts=1, n_group=1, topk_group=1, mlp_layer_types=kinds, first_k_dense_replace=dense,
+        rope_parameters=rng.choice([_YARN, {"rope_type": "default", "rope_theta": 100.0}]),
+        tie_word_embeddings=False, index_topk=rng.randint(1, 8), index_head_dim=rope + rng.choice([0, 4, 8]),
+        index_n_heads=rng.choice([16, 32]))
+    if glm:
+        overrides["indexer_types"] = ["full"] + [rng.choice(["full", "shared"]) for _ in range(layers - 1)]
+    config_class = transformers.GlmMoeDsaConfig if glm else transformers.DeepseekV32Config
+    return Family(f"dsa_fuzz_{seed}", config_class, tuple(overrides.items()))
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_SEEDS))
+def test_random_indexer_configs_match_transformers(seed, tmp_path):
+    """Greedy tokens (a prompt of 4-20 tokens prefilled in chunks of 2-8, then 12 decode steps) and
+    their logits equal transformers' for a random configuration (`_fuzz_family`)."""
+    family = _fuzz_family(seed)
+    with single_thread():
+        prepared = eager_prepared(family, tmp_path)
+        rng = random.Random(seed)
+        prompt = equivalence.random_prompt(rng.randint(4, 20), seed=seed)
+        sequence = Sequence(0, list(prompt))
+        generate_steps(PagedModel(prepared.recipe.weight_tensors, prepared.programs), [sequence], 12,
+                       chunk=rng.randint(2, 8))
+        with torch.no_grad():
+            ids = torch.tensor([prompt])
+            out = prepared.reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                                              do_sample=False, output_logits=True, return_dict_in_generate=True)
+    assert sequence.generated == out.sequences[0, len(prompt):].tolist(), family
+    assert equivalence.relative_error(torch.stack(sequence.logits), torch.cat(out.logits)) < equivalence.TOLERANCE
