@@ -25,11 +25,12 @@ EXAONE 4's per-head q/k norms in layers without pre-norms, its global layers unr
 non-gated xIELU MLP (learned scalars per layer); Arcee's non-gated relu^2 MLP with biases, tied; Nemotron's LayerNorm1P (weight + 1) under partial rotary; StableLM's
 parallel residual with per-head q/k LayerNorms under partial rotary; GPT-NeoX's parallel residual whose MLP
 reads its own norm (``parallel_mlp_norm``), the exact-GELU MLP; GLM v1's interleaved partial rotary without
-sandwich norms.
+sandwich norms; Helium's interleaved whole-head rotary.
 Granite 4.0's Mamba2 mixers (``helios::causal_conv_update`` / ``helios::ssm_scan``) beside its experts,
 multipliers and attention with or without positions; Nemotron-H's layers without an MLP and the non-gated
 relu^2 MLP beside Mamba2 mixers (heads whose width is not a multiple of hidden_size), its non-gated relu^2
-experts (the Triton expert kernels' relu2 path) beside grouped sigmoid routing.
+experts (the Triton expert kernels' relu2 path) beside grouped sigmoid routing; Falcon-H1's attention and
+Mamba2 mixer side by side in every layer (gated without a norm, or with the gated norm).
 Llama 4's chunked local attention (``helios::paged_attention_chunked``, its Triton kernel), NoPE layers'
 temperature tuning and experts weighted on their inputs beside a shared expert; MiniMax-M2's whole-projection
 q/k norms under partial rotary beside sigmoid routing with a choice bias; DBRX's clamped q/k/v under LayerNorms
@@ -49,8 +50,8 @@ from ignition.hf_checkpoints import ERNIE4_5_MOE, GRANITE_MOE, GRANITE_MOE_SHARE
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import DOTS1, LATENT_FAMILIES, YOUTU
 from ignition.hf_checkpoints import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
-from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, GLM, GPT_NEOX, NEMOTRON, STABLELM
-from ignition.hf_checkpoints import GRANITE_HYBRID_FAMILIES, NEMOTRON_H, NEMOTRON_H_MOE
+from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, GLM, GPT_NEOX, HELIUM, NEMOTRON, STABLELM
+from ignition.hf_checkpoints import FALCON_H1_FAMILIES, GRANITE_HYBRID_FAMILIES, NEMOTRON_H, NEMOTRON_H_MOE
 from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2
 from ignition.test_deepseek_v32_recipe import DEEPSEEK_V32, GLM5
 from support.runtime_runs import first_difference, greedy_run, logits_error
@@ -68,8 +69,9 @@ def cores(tmp_path_factory) -> base.Cores:
                                     COHERE2, STARCODER2, PHI2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE,
                                     ERNIE4_5_MOE, *GEMMA_FAMILIES,
                                     *LATENT_FAMILIES, DOTS1, YOUTU, QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE,
-                                    EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, GLM, *GRANITE_HYBRID_FAMILIES,
-                                    NEMOTRON_H, NEMOTRON_H_MOE, LLAMA4, MINIMAX_M2, DBRX, DEEPSEEK_V32, GLM5],
+                                    EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, GLM, HELIUM, *GRANITE_HYBRID_FAMILIES,
+                                    NEMOTRON_H, NEMOTRON_H_MOE, *FALCON_H1_FAMILIES, LLAMA4, MINIMAX_M2, DBRX,
+                                    DEEPSEEK_V32, GLM5],
                          ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)

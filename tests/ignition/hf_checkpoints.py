@@ -496,6 +496,12 @@ GLM = Family("glm", transformers.GlmConfig, (
     ("head_dim", 16), ("attention_bias", True), ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}), *PHI3_IDS,
 ))
+# Helium (tests/ignition/test_helium_recipe.py): interleaved rotary over whole heads (theta 100), q/k/v and MLP biases,
+# untied.
+HELIUM = Family("helium", transformers.HeliumConfig, (
+    ("head_dim", 16), ("attention_bias", True), ("mlp_bias", True), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), *PHI3_IDS,
+))
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""

@@ -22,7 +22,7 @@ partial rotary, sigmoid routing with a correction bias). DBRX (`dbrx`: LayerNorm
 experts in every layer).
 
 More dense decoders: EXAONE 4 (`exaone4`), Apertus (`apertus`), Arcee (`arcee`),
-Nemotron (`nemotron`), StableLM (`stablelm`), GPT-NeoX (`gpt_neox`).
+Nemotron (`nemotron`), StableLM (`stablelm`), GPT-NeoX (`gpt_neox`), Helium (`helium`).
 
 Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qwen3.5 text decoders
 (`qwen3_next`, Gated DeltaNet linear attention and gated attention), Granite 4.0
@@ -60,6 +60,7 @@ from helios.ignition.recipes import arcee
 from helios.ignition.recipes import nemotron
 from helios.ignition.recipes import stablelm
 from helios.ignition.recipes import gpt_neox
+from helios.ignition.recipes import helium
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
@@ -102,6 +103,7 @@ _REGISTRY.update({name: arcee.build for name in arcee.ARCHITECTURES})
 _REGISTRY.update({name: nemotron.build for name in nemotron.ARCHITECTURES})
 _REGISTRY.update({name: stablelm.build for name in stablelm.ARCHITECTURES})
 _REGISTRY.update({name: gpt_neox.build for name in gpt_neox.ARCHITECTURES})
+_REGISTRY.update({name: helium.build for name in helium.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
 _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))

@@ -51,15 +51,19 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     inv_freq = torch.zeros(arch.head_dim // 2, dtype=torch.float32)
     inv_freq[: rotary // 2] = llama.rope_inv_freq(config, rotary, partial=True)
 
-    def rotary_rows(name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """A q or k projection's rows (or bias) with each head's dimensions in `order`."""
+    weights, used = llama.prepared_weights(arch, config, tensors, _layer_weights, inv_freq, rotary_rows(order))
+    return llama.placed_recipe(source, arch, weights, used, tensors)
+
+
+def rotary_rows(order: torch.Tensor):
+    """A `llama.prepared_weights` transform: q and k projection rows (and biases) with each head's
+    dimensions in `order` (a head is ``len(order)`` rows)."""
+    def transform(name: str, tensor: torch.Tensor) -> torch.Tensor:
         if not name.endswith(_ROTATED):
             return tensor
-        heads = tensor.reshape(-1, arch.head_dim, *tensor.shape[1:])
+        heads = tensor.reshape(-1, len(order), *tensor.shape[1:])
         return heads[:, order].reshape(tensor.shape).contiguous()
-
-    weights, used = llama.prepared_weights(arch, config, tensors, _layer_weights, inv_freq, rotary_rows)
-    return llama.placed_recipe(source, arch, weights, used, tensors)
+    return transform
 
 
 def rotary_layout(head_dim: int, rotary: int) -> torch.Tensor:

@@ -1,0 +1,65 @@
+"""The Helium recipe against transformers' HeliumForCausalLM on a tiny random float32 checkpoint.
+
+The shape (tests/ignition/hf_checkpoints.py): interleaved rotary over whole heads, q/k/v and MLP biases, untied.
+Prefill logits, scored log-probabilities and greedy tokens (single, batched, from cached prefix pages) equal the
+reference's (test_equivalence's checks and tolerances); the q/k rows' de-interleaved order matters; a terse
+config.json takes HeliumConfig's defaults; unsupported settings are refused by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+from helios.ignition.recipes.glm4 import rotary_layout
+
+from . import test_equivalence as equivalence
+from .hf_checkpoints import HELIUM, random_model, rewritten_checkpoint, write_checkpoint
+
+
+@pytest.fixture(scope="module")
+def prepared(prepare):
+    return prepare(HELIUM)
+
+
+class TestAgainstTransformers(equivalence.FamilyChecks):
+    """test_equivalence's four checks on this module's `prepared` family."""
+
+
+def test_the_de_interleaved_qk_order_matters(prepared):
+    """The q/k rows in the checkpoint's order move the logits by more than ten times the tolerance."""
+    arch, recipe = prepared.recipe.architecture, prepared.recipe
+    assert arch.qkv_bias and not arch.o_bias and arch.mlp_bias
+    prompt = equivalence.random_prompt(13, seed=1)
+    expected = equivalence.reference_last_logits(prepared, prompt)
+    unordered = equivalence.with_checkpoint_qk_order(recipe, rotary_layout(arch.head_dim, arch.head_dim))
+    logits = equivalence.prefill_logits(arch, unordered, prompt)
+    assert equivalence.relative_error(logits, expected) > 10 * equivalence.TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(random_model(HELIUM, seed=4), tmp_path_factory.mktemp("helium-checkpoint"))
+
+
+def test_a_terse_config_takes_the_references_defaults(checkpoint, tmp_path):
+    """rms_norm_eps left out is HeliumConfig's 1e-8 (Llama's fallback would be 1e-6)."""
+    directory = rewritten_checkpoint(checkpoint, tmp_path, lambda config: config.pop("rms_norm_eps"))
+    reference = transformers.AutoConfig.from_pretrained(directory)
+    assert load_checkpoint(directory).architecture.rms_norm_eps == reference.rms_norm_eps == 1e-8
+
+
+REFUSED = {
+    "another activation": (lambda config: config.update(hidden_act="gelu"), "hidden_act"),
+    "dynamic rope": (lambda config: config["rope_parameters"].update(rope_type="dynamic"), "rope_type"),
+    "a partial rotary": (lambda config: config["rope_parameters"].update(partial_rotary_factor=0.5),
+                         "partial_rotary_factor"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_unsupported_helium_settings_are_refused_by_name(checkpoint, tmp_path, case):
+    edit, setting = REFUSED[case]
+    with pytest.raises(UnsupportedCheckpoint, match=setting):
+        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
