@@ -117,7 +117,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
                                             "GraniteMoeHybridForCausalLM", "Llama4ForCausalLM",
                                             "Llama4ForConditionalGeneration", "MiniMaxM2ForCausalLM", "DbrxForCausalLM",
-                                            "NemotronHForCausalLM"}
+                                            "NemotronHForCausalLM", "FalconH1ForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

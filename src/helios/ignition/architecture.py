@@ -52,7 +52,9 @@ q/k norms apply to the rotated queries and keys (HunYuan) instead of before the 
 Hybrid decoders (``recurrent``, see `helios.ignition.recurrent_geometry`): the listed layers hold a
 recurrent mixer - a Mamba2 mixer or a Gated DeltaNet layer, by the geometry's type - in place of
 attention. Their ``mlp_free_layers`` end after the mixer or attention: no ``post_norm`` and no MLP
-slots (Nemotron-H's blocks, where a mixer need not be followed by an MLP).
+slots (Nemotron-H's blocks, where a mixer need not be followed by an MLP). With ``parallel_mixer``
+(Falcon-H1) every layer holds both: its attention slots (``qkv`` ... ``o``) right after ``input_norm``,
+then its mixer's; both read the input norm's output and their outputs are added to the residual.
 With ``attention_gate`` (Qwen3-Next, hybrid decoders only) the attention layers'
 ``qkv.weight`` / ``qkv.bias`` rows end with Hq D output-gate rows: the attended values are multiplied
 by sigmoid(gate) per channel before ``o``.
@@ -287,6 +289,8 @@ class Architecture:
     qkv_clip: float = 0.0  # > 0: the q/k/v projection's outputs clamped to [-c, c] (DBRX's clip_qkv)
     # Nemotron-H's blocks: layers whose attention or mixer has no MLP after it (hybrid decoders only)
     mlp_free_layers: tuple[int, ...] = ()  # no post_norm and no MLP slots: the layer ends after its mixer
+    # Falcon-H1's layers: attention and a Mamba2 mixer side by side (every layer both), outputs added
+    parallel_mixer: bool = False
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -384,6 +388,9 @@ class Architecture:
                                   "activation (their shared expert and dense layers take it)")
         if self.moe is not None and not self.moe.is_gated and self.gated_mlp:
             raise CheckpointError(f"non-gated {self.moe.activation} experts need the non-gated MLP (gated_mlp False)")
+        if self.parallel_mixer and not (isinstance(self.recurrent, RecurrentGeometry)
+                                        and set(self.recurrent.layers) == set(range(self.num_layers))):
+            raise CheckpointError("parallel_mixer needs a Mamba2 mixer in every layer (recurrent.layers: all)")
         if self.mlp_free_layers and (self.recurrent is None or not set(self.mlp_free_layers) <= set(range(
                 self.num_layers)) or any(self.is_sparse(layer) for layer in self.mlp_free_layers)):
             raise CheckpointError(f"mlp_free_layers {self.mlp_free_layers} must be dense layers of a hybrid decoder "
@@ -420,8 +427,9 @@ class Architecture:
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        """Indices of the layers with an attention block (every layer unless `recurrent` says otherwise)."""
-        mixers = set(self.recurrent.layers) if self.recurrent is not None else set()
+        """Indices of the layers with an attention block (every layer unless `recurrent` says otherwise;
+        every layer beside its mixer under `parallel_mixer`)."""
+        mixers = set(self.recurrent.layers) if self.recurrent is not None and not self.parallel_mixer else set()
         return tuple(layer for layer in range(self.num_layers) if layer not in mixers)
 
     @property
@@ -584,7 +592,10 @@ def _mixer_layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
 
     attention = _layer_slots(arch, prefix)
     post = next((i for i, s in enumerate(attention) if s.name == prefix + "post_norm"), len(attention))
-    return [attention[0], *mixer_slots(arch, prefix, slot), *attention[post:]]
+    beside = attention[1:post] if arch.parallel_mixer else []  # Falcon-H1: the attention's slots, then the mixer's
+    return [attention[0], *beside, *mixer_slots(arch, prefix, slot), *attention[post:]]
+
+
 def _moe_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
     moe, hidden = arch.moe, arch.hidden_size
     experts, ff, shared = moe.num_experts, moe.expert_intermediate_size, moe.shared_intermediate_size

@@ -67,12 +67,14 @@ def hybrid_hidden(arch: Architecture, w: Mapping[str, torch.Tensor], storage: Hy
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
         normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
+        delta = 0
         if layer in mixers:
             planes = (storage.conv_state[mixers[layer]], storage.ssm_state[mixers[layer]])
-            hidden = hidden + mixer(arch, w, prefix, normed, planes, step, state)
-        else:
+            delta = mixer(arch, w, prefix, normed, planes, step, state)
+        if layer in attention:  # beside the mixer under arch.parallel_mixer (Falcon-H1): both outputs added
             planes = (storage.k_cache[attention[layer]], storage.v_cache[attention[layer]])
-            hidden = hidden + attention_block(arch, w, prefix, normed, planes, step, (cos, sin))
+            delta = delta + attention_block(arch, w, prefix, normed, planes, step, (cos, sin))
+        hidden = hidden + delta
         if rows is not None and layer == arch.num_layers - 1:
             hidden = hidden[rows]
         if layer not in arch.mlp_free_layers:
@@ -137,8 +139,11 @@ def mixer_block(arch: Architecture, w, prefix: str, hidden, planes, step: Packed
         c.reshape(num_tokens, g.num_groups, g.state_size).contiguous(),
         step.query_start, state.rows, state.fresh, state.max_query_len)
     scanned = scanned + heads.to(torch.float32) * w[p + "D"].to(torch.float32)[:, None]
-    normed = gated_group_norm(scanned.reshape(num_tokens, g.intermediate).to(hidden.dtype), gate, w[p + "norm"],
-                              g.num_groups, arch.rms_norm_eps, g.norm_ranks)
+    scanned = scanned.reshape(num_tokens, g.intermediate).to(hidden.dtype)
+    if g.gated_norm:
+        normed = gated_group_norm(scanned, gate, w[p + "norm"], g.num_groups, arch.rms_norm_eps, g.norm_ranks)
+    else:  # gated, not normed (Falcon-H1's mamba_rms_norm false)
+        normed = scanned * F.silu(gate)
     return row_parallel_linear(arch, normed, w[p + "out.weight"], w.get(p + "out.bias"))
 
 

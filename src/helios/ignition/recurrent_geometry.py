@@ -17,7 +17,8 @@ Weight slots of a mixer layer i (after ``layers.i.input_norm``): ``layers.i.mixe
 ``layers.i.mixer.conv.bias`` [conv_dim] (zeros when the checkpoint has none),
 ``layers.i.mixer.dt_bias`` [heads], ``layers.i.mixer.A`` float32 [heads] (negative decay rates,
 -exp(A_log)), ``layers.i.mixer.D`` [heads], ``layers.i.mixer.norm`` [intermediate] (gated group
-RMS norm), ``layers.i.mixer.out.weight`` [H, intermediate], optional ``layers.i.mixer.out.bias``.
+RMS norm; absent without ``gated_norm``: the output is then y silu(z), not normed),
+``layers.i.mixer.out.weight`` [H, intermediate], optional ``layers.i.mixer.out.bias``.
 
 Weight slots of a Gated DeltaNet layer i (Hk key heads of Dk, Hv value heads of Dv, Hv a multiple of
 Hk; key_dim = Hk Dk, value_dim = Hv Dv): ``layers.i.delta.in_proj.weight`` [2 key_dim + 2 value_dim
@@ -50,6 +51,9 @@ class RecurrentGeometry:
     proj_bias: bool = False
     out_bias: bool = False
     dt_limit: tuple[float, float] = (0.0, math.inf)
+    # False (Falcon-H1's mamba_rms_norm false): the scan output is gated, y * silu(z), and not normed;
+    # the layer then has no ``mixer.norm`` slot.
+    gated_norm: bool = True
     # Tensor-parallel ranks one gated-norm group spans (1: the groups are this rank's own). A
     # one-group mixer split over N ranks keeps B/C whole on every rank and sums the norm's squares
     # over the N ranks (`helios.ignition.hybrid_decoder.gated_group_norm`).
@@ -147,7 +151,7 @@ def mixer_slots(arch, prefix: str, slot) -> list:
         slots.append(slot(p + "in_proj.bias", g.projection))
     slots += [slot(p + "conv.weight", g.conv_dim, g.conv_kernel), slot(p + "conv.bias", g.conv_dim),
               slot(p + "dt_bias", g.num_heads), slot(p + "A", g.num_heads, dtype="float32"),
-              slot(p + "D", g.num_heads), slot(p + "norm", g.intermediate),
+              slot(p + "D", g.num_heads)] + ([slot(p + "norm", g.intermediate)] if g.gated_norm else []) + [
               slot(p + "out.weight", arch.hidden_size, g.intermediate)]
     if g.out_bias:
         slots.append(slot(p + "out.bias", arch.hidden_size))

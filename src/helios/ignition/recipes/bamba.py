@@ -55,19 +55,23 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
         qkv_bias=bool(config.get("attention_bias", False)), o_bias=bool(config.get("attention_bias", False)),
         mlp_bias=bool(config.get("mlp_bias", False)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        dtype=dtype or _checkpoint_dtype(config, tensors),
+        dtype=dtype or checkpoint_dtype(config, tensors),
         recurrent=mamba2_geometry(config, hidden, tuple(i for i in range(num_layers) if i not in attention)),
         rotary_dim=llama.rotary_width(config, head_dim),
     )
 
 
-def mamba2_geometry(config: Mapping[str, Any], hidden: int, layers: tuple[int, ...]) -> RecurrentGeometry:
-    """The Mamba2 mixers of `layers` from the ``mamba_*`` keys (Bamba's and Granite 4's spelling)."""
-    heads, expand = int(config.get("mamba_n_heads", 128)), int(config.get("mamba_expand", 2))
+def mamba2_geometry(config: Mapping[str, Any], hidden: int, layers: tuple[int, ...],
+                    intermediate: int | None = None) -> RecurrentGeometry:
+    """The Mamba2 mixers of `layers` from the ``mamba_*`` keys (Bamba's, Granite 4's and Falcon-H1's
+    spelling), `intermediate` wide (None: ``mamba_expand`` x hidden)."""
+    heads = int(config.get("mamba_n_heads", 128))
+    width = intermediate or int(config.get("mamba_expand", 2)) * hidden
     head_dim = config.get("mamba_d_head", "auto")
-    head_dim = expand * hidden // heads if head_dim in (None, "auto") else int(head_dim)
-    if heads * head_dim != expand * hidden:
-        raise UnsupportedCheckpoint(f"mamba heads {heads} x {head_dim} != mamba_expand x hidden_size")
+    head_dim = width // heads if head_dim in (None, "auto") else int(head_dim)
+    if heads * head_dim != width:
+        raise UnsupportedCheckpoint(f"mamba heads {heads} x {head_dim} != the mixer width {width} (mamba_expand x "
+                                    f"hidden_size, or mamba_d_ssm)")
     limit = config.get("time_step_limit") or (0.0, math.inf)
     return RecurrentGeometry(
         layers=layers, num_heads=heads, head_dim=head_dim, state_size=int(config.get("mamba_d_state", 256)),
@@ -89,12 +93,15 @@ def rope_inv_freq(config: Mapping[str, Any], rotary_dim: int) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
 
 
-def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors):
+def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors, transform=None):
+    """The weights in program layout and the checkpoint names they came from; `transform` (name,
+    tensor) -> tensor rewrites checkpoint tensors (Falcon-H1's folded multipliers)."""
     used: set[str] = set()
 
     def take(name: str) -> torch.Tensor:
         used.add(name)
-        return tensors.get(name).to(arch.torch_dtype)
+        tensor = tensors.get(name).to(arch.torch_dtype)
+        return transform(name, tensor) if transform else tensor
 
     weights = [NamedWeight("embed", take("model.embed_tokens.weight"))]
     for layer in range(arch.num_layers):
@@ -109,10 +116,10 @@ def prepared_weights(arch: Architecture, config, tensors: CheckpointTensors):
 def _layer_weights(arch: Architecture, layer: int, take, tensors: CheckpointTensors, used: set) -> list[NamedWeight]:
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
     out = [NamedWeight(dst + "input_norm", take(src + "input_layernorm.weight"))]
+    if layer in arch.attention_layers:  # both, attention first, under arch.parallel_mixer (Falcon-H1)
+        out += attention_weights(arch, src + "self_attn.", dst, take)
     if layer in arch.recurrent.layers:
         out += mixer_weights(arch, src + "mamba.", dst + "mixer.", take, tensors, used)
-    else:
-        out += attention_weights(arch, src + "self_attn.", dst, take)
     mlp = src + "feed_forward."
     out += [NamedWeight(dst + "post_norm", take(src + "pre_ff_layernorm.weight")),
             NamedWeight(dst + "gate_up.weight", fused(take, [mlp + "gate_proj.weight", mlp + "up_proj.weight"]))]
@@ -148,15 +155,16 @@ def mixer_weights(arch: Architecture, src: str, dst: str, take, tensors, used: s
     a = -torch.exp(tensors.get(src + "A_log").to(torch.float32))
     out += [NamedWeight(dst + "conv.weight", take(src + "conv1d.weight").reshape(g.conv_dim, g.conv_kernel)),
             NamedWeight(dst + "conv.bias", conv_bias), NamedWeight(dst + "dt_bias", take(src + "dt_bias")),
-            NamedWeight(dst + "A", a), NamedWeight(dst + "D", take(src + "D")),
-            NamedWeight(dst + "norm", take(src + "norm.weight")),
-            NamedWeight(dst + "out.weight", take(src + "out_proj.weight"))]
+            NamedWeight(dst + "A", a), NamedWeight(dst + "D", take(src + "D"))]
+    if g.gated_norm:
+        out.append(NamedWeight(dst + "norm", take(src + "norm.weight")))
+    out.append(NamedWeight(dst + "out.weight", take(src + "out_proj.weight")))
     if g.out_bias:
         out.append(NamedWeight(dst + "out.bias", take(src + "out_proj.bias")))
     return out
 
 
-def _checkpoint_dtype(config: Mapping[str, Any], tensors: CheckpointTensors) -> str:
+def checkpoint_dtype(config: Mapping[str, Any], tensors: CheckpointTensors) -> str:
     declared = config.get("dtype") or config.get("torch_dtype")
     if declared in _DTYPES:
         return declared
