@@ -181,6 +181,8 @@ def paged_latent_attention_selected(q_latent: torch.Tensor, q_rope: torch.Tensor
     chosen = (selected >= 0)[:, None, :]
     scores = scores.masked_fill(~chosen, float("-inf"))
     probabilities = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a token without picks: all zeros
+    # The -1 entries read some slot; whatever it holds (a NaN of an unwritten page) must weigh nothing.
+    latent = latent.masked_fill(~chosen.transpose(1, 2), 0.0)
     return torch.matmul(probabilities, latent).to(q_latent.dtype)
 
 
