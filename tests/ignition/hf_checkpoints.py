@@ -502,6 +502,12 @@ HELIUM = Family("helium", transformers.HeliumConfig, (
     ("head_dim", 16), ("attention_bias", True), ("mlp_bias", True), ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), *PHI3_IDS,
 ))
+# Ministral (tests/ignition/test_ministral_recipe.py): sliding, full, sliding layers over a window of 5, untied.
+MINISTRAL = Family("ministral", transformers.MinistralConfig, (
+    ("num_hidden_layers", 3), ("head_dim", 16), ("sliding_window", 5), ("tie_word_embeddings", False),
+    ("layer_types", ["sliding_attention", "full_attention", "sliding_attention"]),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""

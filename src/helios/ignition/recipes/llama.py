@@ -3,8 +3,10 @@
 Covers LlamaForCausalLM (Llama 2 and 3, rope scaling "default", "linear", "llama3" and "yarn", whose
 attention factor scales the rotary cos/sin tables: `Architecture.rotary_factor`),
 MistralForCausalLM (sliding window on every layer), Qwen2ForCausalLM / Qwen2.5 (q/k/v bias, optional
-sliding layers), Qwen3ForCausalLM (per-head q/k RMS norm) and SeedOssForCausalLM (Seed-OSS: q/k/v
-bias, an o bias of its own switch): grouped-query attention, tied or untied embeddings. All the
+sliding layers), Qwen3ForCausalLM (per-head q/k RMS norm), SeedOssForCausalLM (Seed-OSS: q/k/v
+bias, an o bias of its own switch) and InternLM3ForCausalLM (InternLM3, which transformers runs as
+Llama: ``qkv_bias`` / ``bias`` put biases on the projections the checkpoint holds them for): grouped-query
+attention, tied or untied embeddings. All the
 family knowledge lives here; it becomes Architecture fields and the prepared weight layout (q/k/v
 and gate/up fused, rotary frequencies computed once).
 
@@ -26,7 +28,7 @@ from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.yarn import yarn_attention_factor, yarn_inv_freq
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                 "SeedOssForCausalLM")
+                 "SeedOssForCausalLM", "InternLM3ForCausalLM")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 LAYER_TYPES = ("sliding_attention", "full_attention")  # layer kinds of layer_types
 # Rope types whose pretraining context transformers reads from a top-level
@@ -35,7 +37,7 @@ LAYER_TYPES = ("sliding_attention", "full_attention")  # layer kinds of layer_ty
 _ORIGINAL_CONTEXT_TYPES = ("llama3", "yarn")
 # Their references mask causally whatever sliding_window and layer_types say.
 _NO_WINDOW = ("LlamaForCausalLM", "SeedOssForCausalLM", "Ernie4_5ForCausalLM", "GraniteForCausalLM",
-              "HunYuanDenseV1ForCausalLM")
+              "HunYuanDenseV1ForCausalLM", "InternLM3ForCausalLM")
 _EVERY_LAYER_WINDOW = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 _WINDOW_SWITCHED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")  # use_sliding_window
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
