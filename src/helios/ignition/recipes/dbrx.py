@@ -6,7 +6,7 @@ Read as DbrxConfig and DbrxModel read them (the nested ``attn_config`` and ``ffn
   1e-5, nn.LayerNorm's): `Architecture.layer_norm`;
 - attention with a fused ``Wqkv`` projection (q, k, v rows: the program's own layout), ``kv_n_heads``
   key/value heads, head_dim ``d_model`` / ``n_heads``, no biases, every output clamped to
-  [-``clip_qkv``, ``clip_qkv``] where set (`Architecture.qkv_clip`), rotary embeddings on whole heads
+  [-``clip_qkv``, ``clip_qkv``] (`Architecture.qkv_clip`), rotary embeddings on whole heads
   by the top-level rope settings (the llama recipe's types);
 - a mixture of experts in every layer: a softmax over ``moe_num_experts`` router logits, the top
   ``moe_top_k`` divided by their sum (``moe_normalize_expert_weights`` 1, the p = 1 norm of positive
@@ -14,7 +14,8 @@ Read as DbrxConfig and DbrxModel read them (the nested ``attn_config`` and ``ffn
   (up) and ``w2`` (the down projection transposed).
 
 Refused by name: another ``ffn_act_fn`` than silu, another normalisation power, tied embeddings (the
-reference refuses them), and an ``attn_config.rope_theta`` other than the theta transformers 5 rotates
+reference refuses them), a null ``clip_qkv`` (DbrxConfig's default, with which the reference's
+attention fails: it clamps with neither bound), and an ``attn_config.rope_theta`` other than the theta transformers 5 rotates
 by (it reads the top-level rope settings and ignores the nested key, which DBRX's own code read): the
 two would disagree, so neither is chosen silently.
 """
@@ -58,7 +59,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
         num_layers=int(config["n_layers"]), num_heads=heads, num_kv_heads=int(attn["kv_n_heads"]),
         head_dim=hidden // heads, rms_norm_eps=_LAYER_NORM_EPS, layer_windows=(0,) * int(config["n_layers"]),
         dtype=dtype or _checkpoint_dtype(config, tensors), moe=experts, layer_norm=True,
-        rotary_factor=llama.rope_attention_factor(rope), qkv_clip=float(attn["clip_qkv"] or 0.0))
+        rotary_factor=llama.rope_attention_factor(rope), qkv_clip=float(attn["clip_qkv"]))
     llama.rope_parameters(rope)  # the rope type and a partial factor checked (whole heads)
     weights, used = _prepared_weights(arch, tensors, llama.rope_inv_freq(rope, arch.head_dim))
     unplaced = sorted(tensors.names - used)
@@ -80,9 +81,9 @@ def _refuse_unsupported(config: Mapping[str, Any], attn: Mapping[str, Any], ffn:
         raise UnsupportedCheckpoint("config.json: tie_word_embeddings true is not supported (the reference refuses "
                                     "tied DBRX embeddings)")
     clip = attn["clip_qkv"]
-    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip)
-                             or clip <= 0):
-        raise UnsupportedCheckpoint(f"config.json: attn_config.clip_qkv {clip!r} must be a positive number or null")
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip <= 0:
+        raise UnsupportedCheckpoint(f"config.json: attn_config.clip_qkv {clip!r} must be a positive number (null: the "
+                                    f"reference's clamp of neither bound fails)")
     nested = attn.get("rope_theta")
     theta = llama.rope_parameters(config)["rope_theta"]
     if nested is not None and float(nested) != float(theta):
