@@ -25,6 +25,7 @@ from helios.ignition.architecture import CheckpointError, weight_layout
 from helios.ignition.capture import build_program
 from helios.ignition.program_spec import Operation, ProgramOptions, program_spec
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+from helios.ignition.sharding import rank_architecture
 from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
 from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
@@ -177,8 +178,15 @@ def test_the_architecture_refuses_indexers_that_do_not_fit(checkpoint):
                    {"layers": (0, 2)}, {"layers": (1, 0)}):
         with pytest.raises(CheckpointError, match="indexer"):
             dataclasses.replace(arch, indexer=dataclasses.replace(arch.indexer, **change))
-    with pytest.raises(CheckpointError, match="one rank"):
-        dataclasses.replace(arch, tensor_parallel=2)
+
+
+def test_two_ranks_hold_the_indexer_whole(checkpoint):
+    """Each rank selects alike: the indexer's weights are replicated, its geometry unchanged."""
+    recipe = load_checkpoint(checkpoint)
+    assert rank_architecture(recipe.architecture, 2).indexer == recipe.architecture.indexer
+    names = tuple(name for name, _ in recipe.weights if ".indexer." in name)
+    assert len(names) == 5
+    equivalence.assert_two_rank_shares(recipe, whole=names)
 
 
 def test_a_served_core_batches_and_reuses_cached_prefixes(tmp_path):

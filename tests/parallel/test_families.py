@@ -18,6 +18,7 @@ from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import QWEN3_NEXT
 from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2
 from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, GPT_NEOX, NEMOTRON, STABLELM
+from ignition.hf_checkpoints import FALCON_H1, GRANITE_HYBRID, NEMOTRON_H, NEMOTRON_H_MOE
 
 # Mixtral's experts are cut by the same code as Qwen3-MoE's (tests/parallel/test_moe_sharding.py covers
 # the cut itself); GLM-4.5 adds shared experts, dense first layers and partial rotary; gpt-oss attention
@@ -56,6 +57,17 @@ if os.environ.get("HELIOS_MOE_RANK_SWEEP") == "1":
 # MLP norm is whole on each rank like its input): two ranks only with HELIOS_DENSE_RANK_SWEEP=1.
 if os.environ.get("HELIOS_DENSE_RANK_SWEEP") == "1":
     FAMILIES += (EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX)
+# The Mamba2 hybrids after Bamba (split as Bamba's mixers are): Granite 4.0's experts, Nemotron-H's layers
+# without an MLP and non-gated relu2 experts, Falcon-H1's attention and mixer in one layer.
+if os.environ.get("HELIOS_HYBRID_RANK_SWEEP") == "1":
+    FAMILIES += (GRANITE_HYBRID, NEMOTRON_H, NEMOTRON_H_MOE, FALCON_H1)
+
+# DeepSeek-V3.2 and GLM-5: latent heads split as DeepSeek-V3's, the token indexer whole on each rank (every rank
+# selects alike and keeps the whole index plane): only with HELIOS_DSA_RANK_SWEEP=1 (about 25 s each).
+if os.environ.get("HELIOS_DSA_RANK_SWEEP") == "1":
+    from ignition.test_deepseek_v32_recipe import DEEPSEEK_V32, GLM5
+
+    FAMILIES += (DEEPSEEK_V32, GLM5)
 
 from .conftest import MAX_TOKENS, PROMPTS, greedy_tokens, running
 

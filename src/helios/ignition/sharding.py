@@ -22,6 +22,7 @@ and `rank_weights(recipe, N, rank)` that rank's weights, in `weight_layout` orde
 | ``embed`` / ``lm_head`` / ``lm_head_bias`` (vocabulary-parallel) | vocabulary rows [r * ceil(V/N), ...), zero-padded |
 | latent attention ``q.weight`` / ``q_b.weight`` / ``kv_b.weight`` | the rows of its heads |
 | ``q_a.weight``, ``kv_a.weight`` (latent down-projections), their norms | whole (replicated) |
+| ``indexer.*`` (a token indexer's projections and norm, `helios.ignition.token_indexer`) | whole (replicated) |
 | norms (``attn_out_norm`` / ``mlp_out_norm`` too), ``rope.inv_freq``, ``rope.local_inv_freq`` | whole (replicated) |
 | ``vocab.start`` | [r * ceil(V/N)] |
 

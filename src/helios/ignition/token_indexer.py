@@ -18,6 +18,10 @@ in every layer). A scoring layer i (H = `num_heads`, D = `head_dim`, Q = the lat
   shared by prefixes, released and preempted with the latents through the same page tables.
 
 Ties between equal scores go to the earlier position (see `helios.abi.sparse_index`).
+
+Under tensor parallelism every rank holds the indexer's weights whole (`helios.ignition.sharding`
+replicates them, as it does the latent down-projections) and its inputs are whole, so every rank
+selects the same positions for its share of the heads and keeps the whole ``index_cache``.
 """
 
 from __future__ import annotations
@@ -57,8 +61,6 @@ class TokenIndexer:
         if (not self.layers or self.layers[0] != 0 or list(self.layers) != sorted(set(self.layers))
                 or self.layers[-1] >= arch.num_layers):
             found.append(f"indexer layers {self.layers} must ascend from layer 0 within {arch.num_layers} layers")
-        if arch.tensor_parallel != 1:
-            found.append("a token indexer is served on one rank (tensor_parallel 1)")
         if not (self.norm_eps > 0):
             found.append(f"indexer norm_eps {self.norm_eps} must be > 0")
         return found
