@@ -117,7 +117,11 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
                                             "GraniteMoeHybridForCausalLM", "Llama4ForCausalLM",
                                             "Llama4ForConditionalGeneration", "MiniMaxM2ForCausalLM", "DbrxForCausalLM",
-                                            "NemotronHForCausalLM", "FalconH1ForCausalLM"}
+                                            "NemotronHForCausalLM", "FalconH1ForCausalLM",
+                                            "Exaone4ForCausalLM", "ApertusForCausalLM", "ArceeForCausalLM",
+                                            "NemotronForCausalLM", "StableLmForCausalLM", "GPTNeoXForCausalLM",
+                                            "GlmForCausalLM", "HeliumForCausalLM", "MinistralForCausalLM",
+                                            "InternLM3ForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [
