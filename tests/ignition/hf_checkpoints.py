@@ -508,6 +508,13 @@ MINISTRAL = Family("ministral", transformers.MinistralConfig, (
     ("layer_types", ["sliding_attention", "full_attention", "sliding_attention"]),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
 ))
+# VaultGemma (tests/ignition/test_vaultgemma_recipe.py): Gemma 2 without sandwich norms: sliding, full, sliding layers
+# over a window of 5, query_pre_attn_scalar 8, both soft caps, tied.
+VAULTGEMMA = Family("vaultgemma", transformers.VaultGemmaConfig, (
+    ("num_hidden_layers", 3), ("head_dim", 16), ("sliding_window", 5), ("query_pre_attn_scalar", 8),
+    ("attn_logit_softcapping", 5.0), ("final_logit_softcapping", 3.0), ("tie_word_embeddings", True),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""

@@ -121,7 +121,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Exaone4ForCausalLM", "ApertusForCausalLM", "ArceeForCausalLM",
                                             "NemotronForCausalLM", "StableLmForCausalLM", "GPTNeoXForCausalLM",
                                             "GlmForCausalLM", "HeliumForCausalLM", "MinistralForCausalLM",
-                                            "InternLM3ForCausalLM"}
+                                            "InternLM3ForCausalLM", "VaultGemmaForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -10,7 +10,7 @@ Supported: Llama, Mistral, Qwen2, Qwen3, Seed-OSS (`llama`), Ernie 4.5 dense (`e
 and Granite MoE Shared (`granite_moe`), Hunyuan MoE (`hunyuan_moe`), Ernie 4.5
 MoE (`ernie4_5_moe`), DeepSeek-V3
 (`deepseek`), Bamba (`bamba`), gpt-oss (`gpt_oss`), Phi-3 / Phi-3.5 / Phi-4-mini (`phi3`), SmolLM3
-(`smollm3`), Gemma and Gemma 2 (`gemma`), Gemma 3 text (`gemma3`), GLM-4 dense and GLM v1 (`glm4`), OLMo 2 and
+(`smollm3`), Gemma, Gemma 2 and VaultGemma (`gemma`), Gemma 3 text (`gemma3`), GLM-4 dense and GLM v1 (`glm4`), OLMo 2 and
 OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`), StarCoder2 (`starcoder2`), Phi-1 / Phi-2 (`phi`) and the Qwen vision-language decoders (`qwen_vl`).
 
 Multi-head latent attention: DeepSeek-V3 and GLM-4.7-Flash (`deepseek`), DeepSeek-V2 and V2-Lite

@@ -199,6 +199,8 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                            "max_position_embeddings": 2048},
 }
 
+REFERENCE_DEFAULTS["VaultGemmaForCausalLM"] = REFERENCE_DEFAULTS["Gemma2ForCausalLM"]  # VaultGemmaConfig's are Gemma 2's
+
 
 def with_reference_defaults(source: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """`config` with the `source` family's reference defaults for the keys it does not hold."""

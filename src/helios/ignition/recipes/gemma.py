@@ -1,5 +1,6 @@
 """Recipe for Gemma and Gemma 2 checkpoints: GemmaForCausalLM (transformers' GemmaConfig: Gemma 1 2B and
-7B, CodeGemma, Gemma 1.1) and Gemma2ForCausalLM (Gemma2Config: Gemma 2 2B, 9B, 27B).
+7B, CodeGemma, Gemma 1.1) and Gemma2ForCausalLM (Gemma2Config: Gemma 2 2B, 9B, 27B); and VaultGemma
+(VaultGemmaForCausalLM: Gemma 2 without the sandwich norms, see the end).
 
 Both are Llama's grouped-query attention with Gemma 3's pieces (`helios.ignition.recipes.gemma3`):
 every RMSNorm's weight folded to ``1 + w`` at preparation (the reference's
@@ -29,6 +30,10 @@ Gemma 2, beside those:
 - ``final_logit_softcapping``: the logits capped the same way on every logits path (``logit_softcap``);
   null: no cap.
 
+VaultGemma is Gemma 2 (activation, layer kinds, scale, soft caps, Gemma2Config's defaults) whose
+layers keep only ``input_layernorm`` and ``pre_feedforward_layernorm`` (the prepared ``post_norm``): no
+norm on the attention or MLP output.
+
 Refused by name: another activation, ``use_bidirectional_attention``, a non-positive or non-numeric
 soft cap or ``query_pre_attn_scalar``, malformed ``layer_types``, a sliding layer without a positive
 window, rope types Llama's recipe refuses.
@@ -43,15 +48,15 @@ from helios.ignition.recipes import gemma3, llama
 from helios.ignition.recipes.base import Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 
-GEMMA, GEMMA2 = "GemmaForCausalLM", "Gemma2ForCausalLM"
-ARCHITECTURES = (GEMMA, GEMMA2)
+GEMMA, GEMMA2, VAULTGEMMA = "GemmaForCausalLM", "Gemma2ForCausalLM", "VaultGemmaForCausalLM"
+ARCHITECTURES = (GEMMA, GEMMA2, VAULTGEMMA)
 ACTIVATIONS = ("gelu_pytorch_tanh",)  # and Gemma 1's legacy "gelu" (hidden_act), the same function
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
     arch = architecture_from_config(source, config, tensors, dtype)
     # Gemma 2's slots are Gemma 3's sandwich-norm slots (no q/k norms here); Gemma 1's are Llama's.
-    layer_weights = gemma3._layer_weights if source == GEMMA2 else None
+    layer_weights = {GEMMA2: gemma3._layer_weights, VAULTGEMMA: _unsandwiched_layer_weights}.get(source)
     weights, used = llama.prepared_weights(arch, config, tensors, layer_weights, transform=gemma3._folded_norm)
     return llama.placed_recipe(source, arch, weights, used, tensors)
 
@@ -74,11 +79,18 @@ def architecture_from_config(source: str, config: Mapping[str, Any], tensors: Ch
     return Architecture(
         **common,
         layer_windows=llama.sliding_layer_windows(config, layer_types(config, num_layers)),
-        sandwich_norms=True,
+        sandwich_norms=source == GEMMA2,
         query_pre_attn_scalar=_positive(config, "query_pre_attn_scalar", nullable=False),
         attention_softcap=_positive(config, "attn_logit_softcapping"),
         logit_softcap=_positive(config, "final_logit_softcapping"),
     )
+
+
+def _unsandwiched_layer_weights(arch: Architecture, layer: int, take) -> list:
+    """A VaultGemma layer's slots: Llama's, the norm before the MLP read from ``pre_feedforward_layernorm``."""
+    def read(name: str):
+        return take(name.replace("post_attention_layernorm", "pre_feedforward_layernorm"))
+    return llama.attention_weights(arch, layer, read) + llama.dense_mlp_weights(arch, layer, take)
 
 
 def _check_activation(source: str, config: Mapping[str, Any]) -> None:
