@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helios.abi import latent_attention as _latent  # noqa: F401  (registers helios::paged_latent_attention)
-from helios.abi import sparse_index as _sparse  # noqa: F401  (registers the indexer ops)
+from helios.abi import sparse_index
 from helios.abi.registry import AbiArgumentError
 
 OPS = torch.ops.helios
@@ -110,3 +110,26 @@ def test_bad_arguments_are_refused(call, message):
     q, weights, cache = torch.randn(2, 3, 6), torch.randn(2, 3), torch.randn(12, PAGE_TOKENS, 6)
     with pytest.raises(AbiArgumentError, match=message):
         call(q, weights, cache, table, query_start, positions)
+
+
+def test_a_small_workspace_gives_the_same_results(monkeypatch):
+    """With room for one token at a time the bodies loop over the packed tokens: the same picks and
+    attention as all at once."""
+    table, query_start, positions = packed([4, 2], [3, 5], seed=8)
+    generator = torch.Generator().manual_seed(9)
+    cache, latent, rope = (torch.randn(12, PAGE_TOKENS, width, generator=generator) for width in (6, 8, 4))
+    tokens = len(positions)
+    q, weights = torch.randn(tokens, 3, 6, generator=generator), torch.randn(tokens, 3, generator=generator)
+    q_latent, q_rope = torch.randn(tokens, 2, 8, generator=generator), torch.randn(tokens, 2, 4, generator=generator)
+
+    def run():
+        picks = OPS.index_topk(q, weights, cache, table, query_start, positions, 0.3, 3)
+        return picks, OPS.paged_latent_attention_selected(q_latent, q_rope, latent, rope, table, query_start,
+                                                          positions, picks, 0.4)
+
+    whole = run()
+    monkeypatch.setattr(sparse_index, "WORKSPACE_BYTES", 1)
+    assert sparse_index._chunks(tokens, 100) == [slice(t, t + 1) for t in range(tokens)]
+    picks, attended = run()
+    assert torch.equal(picks, whole[0])
+    torch.testing.assert_close(attended, whole[1], rtol=1e-6, atol=1e-7)

@@ -9,7 +9,8 @@ tables (position p of a row lives in page page_table[row, p // page_tokens] at o
 Importing this module registers three ops. Their bodies are plain torch without host reads (no
 ``.item()``, no boolean indexing), so they serve the CPU and, unchanged, CUDA (no Triton kernel
 yet; a program calling them can still be captured into a CUDA graph). They are references, not fast
-kernels: ``index_topk`` scores every position of every row's page table.
+kernels: ``index_topk`` scores every position of every row's page table. Both work through the packed
+tokens a few at a time (`WORKSPACE_BYTES` of float32 workspace), so long rows do not multiply memory.
 
 ``helios::index_key_write(Tensor(a!) index_cache, Tensor keys, Tensor slot_mapping) -> ()``
     keys: [T, D] in the cache's dtype; token t is written to flat slot slot_mapping[t] (int64 [T]);
@@ -59,6 +60,9 @@ SELECTED_ATTENTION_SCHEMA = (
 )
 _WRITE, _TOPK, _ATTEND = "helios::index_key_write", "helios::index_topk", "helios::paged_latent_attention_selected"
 _CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The bodies score and attend a few packed tokens at a time, so that their float32 workspace (keys
+# gathered per token, per-head scores) stays about this size however long the rows are.
+WORKSPACE_BYTES = 1 << 28
 
 
 def _check_index_plane(op: str, index_cache) -> tuple[int, int, int]:
@@ -139,12 +143,20 @@ def _index_key_write_fake(index_cache, keys, slot_mapping) -> None:
 def index_topk(q: torch.Tensor, weights: torch.Tensor, index_cache: torch.Tensor, page_table: torch.Tensor,
                query_start: torch.Tensor, positions: torch.Tensor, scale: float, topk: int) -> torch.Tensor:
     check_index_topk_args(q, weights, index_cache, page_table, query_start, positions, topk)
-    num_tokens = q.shape[0]
-    rows, packed = token_rows(query_start, num_tokens)
+    rows, packed = token_rows(query_start, q.shape[0])
     pages = page_table[rows].clamp(0, index_cache.shape[0] - 1).to(torch.int64)  # [T, max_pages]
-    keys = index_cache[pages].reshape(num_tokens, -1, index_cache.shape[2]).float()  # [T, L, D]
-    scores = torch.relu(torch.matmul(q.float(), keys.transpose(1, 2)) * scale)  # [T, H, L]
-    index_scores = torch.matmul(weights.unsqueeze(1), scores).squeeze(1)  # [T, L]
+    context = page_table.shape[1] * index_cache.shape[1]  # L: every position of a row's page table
+    per_token = 4 * context * (index_cache.shape[2] + q.shape[1] + 4)  # float32 keys, head scores, scores
+    return torch.cat([_top_positions(q[s], weights[s], index_cache, pages[s], positions[s], packed[s], scale, topk)
+                      for s in _chunks(q.shape[0], per_token)])
+
+
+def _top_positions(q, weights, index_cache, pages, positions, packed, scale: float, topk: int) -> torch.Tensor:
+    """`index_topk` of some packed tokens: their rows' pages [n, max_pages], positions, packed flags."""
+    num_tokens = q.shape[0]
+    keys = index_cache[pages].reshape(num_tokens, -1, index_cache.shape[2]).float()  # [n, L, D]
+    scores = torch.relu(torch.matmul(q.float(), keys.transpose(1, 2)) * scale)  # [n, H, L]
+    index_scores = torch.matmul(weights.unsqueeze(1), scores).squeeze(1)  # [n, L]
     candidates = torch.arange(keys.shape[1], device=q.device)
     valid = (candidates[None, :] <= positions[:, None]) & packed[:, None]
     index_scores = index_scores.masked_fill(~valid, float("-inf"))
@@ -154,6 +166,13 @@ def index_topk(q: torch.Tensor, weights: torch.Tensor, index_cache: torch.Tensor
         valid = torch.cat((valid, valid.new_zeros((num_tokens, pad))), dim=1)
     order = torch.sort(index_scores, dim=-1, descending=True, stable=True).indices[:, :topk]
     return torch.where(valid.gather(1, order), order, torch.full_like(order, -1))
+
+
+def _chunks(num_tokens: int, per_token: int) -> list[slice]:
+    """Slices of the packed tokens whose workspace (`per_token` bytes each) stays within
+    `WORKSPACE_BYTES`: static extents, so a captured program's shapes do not change."""
+    step = max(1, WORKSPACE_BYTES // max(1, per_token))
+    return [slice(start, min(start + step, num_tokens)) for start in range(0, max(num_tokens, 1), step)]
 
 
 @index_topk.register_fake
@@ -173,16 +192,24 @@ def paged_latent_attention_selected(q_latent: torch.Tensor, q_rope: torch.Tensor
     page_index = torch.div(picked, page_tokens, rounding_mode="floor").clamp(max=page_table.shape[1] - 1)
     pages = page_table[rows].gather(1, page_index).clamp(0, latent_cache.shape[0] - 1).to(torch.int64)
     slots = pages * page_tokens + torch.remainder(picked, page_tokens)  # [T, K]
-    latent = latent_cache.view(-1, latent_cache.shape[2])[slots].float()  # [T, K, C]
-    rope = rope_cache.view(-1, rope_cache.shape[2])[slots].float()  # [T, K, R]
+    width = latent_cache.shape[2] + rope_cache.shape[2]
+    per_token = 4 * selected.shape[1] * (2 * width + 2 * q_latent.shape[1])  # float32 keys, latents, scores
+    planes = (latent_cache.view(-1, latent_cache.shape[2]), rope_cache.view(-1, rope_cache.shape[2]))
+    return torch.cat([_attend_selected(q_latent[s], q_rope[s], planes, slots[s], selected[s] >= 0, scale)
+                      for s in _chunks(q_latent.shape[0], per_token)])
+
+
+def _attend_selected(q_latent, q_rope, planes, slots, chosen, scale: float) -> torch.Tensor:
+    """`paged_latent_attention_selected` of some packed tokens: their selected flat slots [n, K] of
+    the flattened planes and which of them are picks."""
+    latent, rope = (plane[slots].float() for plane in planes)  # [n, K, C], [n, K, R]
     keys = torch.cat((latent, rope), dim=-1)
-    queries = torch.cat((q_latent, q_rope), dim=-1).float()  # [T, H, C + R]
-    scores = torch.matmul(queries, keys.transpose(1, 2)) * scale  # [T, H, K]
-    chosen = (selected >= 0)[:, None, :]
-    scores = scores.masked_fill(~chosen, float("-inf"))
+    queries = torch.cat((q_latent, q_rope), dim=-1).float()  # [n, H, C + R]
+    scores = torch.matmul(queries, keys.transpose(1, 2)) * scale  # [n, H, K]
+    scores = scores.masked_fill(~chosen[:, None, :], float("-inf"))
     probabilities = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a token without picks: all zeros
     # The -1 entries read some slot; whatever it holds (a NaN of an unwritten page) must weigh nothing.
-    latent = latent.masked_fill(~chosen.transpose(1, 2), 0.0)
+    latent = latent.masked_fill(~chosen[:, :, None], 0.0)
     return torch.matmul(probabilities, latent).to(q_latent.dtype)
 
 
