@@ -26,7 +26,7 @@ non-gated xIELU MLP (learned scalars per layer); Arcee's non-gated relu^2 MLP wi
 parallel residual with per-head q/k LayerNorms under partial rotary; GPT-NeoX's parallel residual whose MLP
 reads its own norm (``parallel_mlp_norm``), the exact-GELU MLP; GLM v1's interleaved partial rotary without
 sandwich norms; Helium's interleaved whole-head rotary; Ministral's sliding and full layers; VaultGemma's
-soft caps without sandwich norms.
+soft caps without sandwich norms; OLMo v1's parameter-free LayerNorms and clamped q/k/v.
 Granite 4.0's Mamba2 mixers (``helios::causal_conv_update`` / ``helios::ssm_scan``) beside its experts,
 multipliers and attention with or without positions; Nemotron-H's layers without an MLP and the non-gated
 relu^2 MLP beside Mamba2 mixers (heads whose width is not a multiple of hidden_size), its non-gated relu^2
@@ -52,7 +52,7 @@ from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import DOTS1, LATENT_FAMILIES, YOUTU
 from ignition.hf_checkpoints import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, GLM, GPT_NEOX, HELIUM, MINISTRAL, NEMOTRON, STABLELM
-from ignition.hf_checkpoints import VAULTGEMMA
+from ignition.hf_checkpoints import OLMO1, VAULTGEMMA
 from ignition.hf_checkpoints import FALCON_H1_FAMILIES, GRANITE_HYBRID_FAMILIES, NEMOTRON_H, NEMOTRON_H_MOE
 from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2
 from ignition.test_deepseek_v32_recipe import DEEPSEEK_V32, GLM5
@@ -71,7 +71,7 @@ def cores(tmp_path_factory) -> base.Cores:
                                     COHERE2, STARCODER2, PHI2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE,
                                     ERNIE4_5_MOE, *GEMMA_FAMILIES,
                                     *LATENT_FAMILIES, DOTS1, YOUTU, QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE,
-                                    EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, GLM, HELIUM, MINISTRAL, VAULTGEMMA, *GRANITE_HYBRID_FAMILIES,
+                                    EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, GLM, HELIUM, MINISTRAL, VAULTGEMMA, OLMO1, *GRANITE_HYBRID_FAMILIES,
                                     NEMOTRON_H, NEMOTRON_H_MOE, *FALCON_H1_FAMILIES, LLAMA4, MINIMAX_M2, DBRX,
                                     DEEPSEEK_V32, GLM5],
                          ids=lambda f: f.name)

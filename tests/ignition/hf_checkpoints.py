@@ -515,6 +515,12 @@ VAULTGEMMA = Family("vaultgemma", transformers.VaultGemmaConfig, (
     ("attn_logit_softcapping", 5.0), ("final_logit_softcapping", 3.0), ("tie_word_embeddings", True),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
 ))
+# OLMo v1 (tests/ignition/test_olmo1_recipe.py): LayerNorms without parameters, q/k/v clamped to +-0.8, q/k/v/o
+# biases, untied.
+OLMO1 = Family("olmo1", transformers.OlmoConfig, (
+    ("clip_qkv", 0.8), ("attention_bias", True), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""

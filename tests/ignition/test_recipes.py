@@ -121,7 +121,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Exaone4ForCausalLM", "ApertusForCausalLM", "ArceeForCausalLM",
                                             "NemotronForCausalLM", "StableLmForCausalLM", "GPTNeoXForCausalLM",
                                             "GlmForCausalLM", "HeliumForCausalLM", "MinistralForCausalLM",
-                                            "InternLM3ForCausalLM", "VaultGemmaForCausalLM"}
+                                            "InternLM3ForCausalLM", "VaultGemmaForCausalLM",
+                                            "OlmoForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

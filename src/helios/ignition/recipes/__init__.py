@@ -23,7 +23,7 @@ experts in every layer).
 
 More dense decoders: EXAONE 4 (`exaone4`), Apertus (`apertus`), Arcee (`arcee`),
 Nemotron (`nemotron`), StableLM (`stablelm`), GPT-NeoX (`gpt_neox`), Helium (`helium`),
-Ministral (`ministral`); InternLM3 prepares as Llama (`llama`).
+Ministral (`ministral`), OLMo v1 (`olmo1`); InternLM3 prepares as Llama (`llama`).
 
 Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qwen3.5 text decoders
 (`qwen3_next`, Gated DeltaNet linear attention and gated attention), Granite 4.0
@@ -63,6 +63,7 @@ from helios.ignition.recipes import stablelm
 from helios.ignition.recipes import gpt_neox
 from helios.ignition.recipes import helium
 from helios.ignition.recipes import ministral
+from helios.ignition.recipes import olmo1
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
@@ -107,6 +108,7 @@ _REGISTRY.update({name: stablelm.build for name in stablelm.ARCHITECTURES})
 _REGISTRY.update({name: gpt_neox.build for name in gpt_neox.ARCHITECTURES})
 _REGISTRY.update({name: helium.build for name in helium.ARCHITECTURES})
 _REGISTRY.update({name: ministral.build for name in ministral.ARCHITECTURES})
+_REGISTRY.update({name: olmo1.build for name in olmo1.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
 _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))

@@ -1,0 +1,60 @@
+"""The OLMo v1 recipe against transformers' OlmoForCausalLM on a tiny random float32 checkpoint.
+
+The shape (tests/ignition/hf_checkpoints.py): LayerNorms without parameters, q/k/v clamped to +-0.8, q/k/v/o
+biases, untied. Prefill logits, scored log-probabilities and greedy tokens (single, batched, from cached prefix
+pages) equal the reference's (test_equivalence's checks and tolerances); the prepared norms are ones and the clamp
+matters; unsupported settings are refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+
+from . import test_equivalence as equivalence
+from .hf_checkpoints import OLMO1, random_model, rewritten_checkpoint, write_checkpoint
+
+
+@pytest.fixture(scope="module")
+def prepared(prepare):
+    return prepare(OLMO1)
+
+
+class TestAgainstTransformers(equivalence.FamilyChecks):
+    """test_equivalence's four checks on this module's `prepared` family."""
+
+
+def test_the_norms_are_ones_and_the_clamp_matters(prepared):
+    arch, recipe = prepared.recipe.architecture, prepared.recipe
+    weights = dict(recipe.weights)
+    assert arch.layer_norm and not arch.norm_bias and arch.qkv_clip == 0.8 and arch.rms_norm_eps == 1e-5
+    assert all(torch.equal(weights[name], torch.ones(64)) for name in ("layers.1.input_norm", "final_norm"))
+    prompt = equivalence.random_prompt(13, seed=1)
+    expected = equivalence.reference_last_logits(prepared, prompt)
+    unclamped = dataclasses.replace(arch, qkv_clip=0.0)
+    logits = equivalence.prefill_logits(unclamped, recipe.weight_tensors, prompt)
+    assert equivalence.relative_error(logits, expected) > 10 * equivalence.TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(random_model(OLMO1, seed=4), tmp_path_factory.mktemp("olmo1-checkpoint"))
+
+
+REFUSED = {
+    "another activation": (lambda config: config.update(hidden_act="gelu"), "hidden_act"),
+    "dynamic rope": (lambda config: config["rope_parameters"].update(rope_type="dynamic"), "rope_type"),
+    "a zero clip": (lambda config: config.update(clip_qkv=0), "clip_qkv"),
+    "a string clip": (lambda config: config.update(clip_qkv="8"), "clip_qkv"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_unsupported_olmo1_settings_are_refused_by_name(checkpoint, tmp_path, case):
+    edit, setting = REFUSED[case]
+    with pytest.raises(UnsupportedCheckpoint, match=setting):
+        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
