@@ -8,7 +8,8 @@ tables (position p of a row lives in page page_table[row, p // page_tokens] at o
 
 Importing this module registers three ops. Their bodies are plain torch without host reads (no
 ``.item()``, no boolean indexing), so they serve the CPU and, unchanged, CUDA (no Triton kernel
-yet; a program calling them can still be captured into a CUDA graph). They are references, not fast
+yet; without host reads a program calling them should capture into a CUDA graph, which no GPU run
+has checked yet). They are references, not fast
 kernels: ``index_topk`` scores every position of every row's page table. Both work through the packed
 tokens a few at a time (`WORKSPACE_BYTES` of float32 workspace), so long rows do not multiply memory.
 
