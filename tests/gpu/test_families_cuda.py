@@ -26,7 +26,8 @@ non-gated xIELU MLP (learned scalars per layer); Arcee's non-gated relu^2 MLP wi
 parallel residual with per-head q/k LayerNorms under partial rotary; GPT-NeoX's parallel residual whose MLP
 reads its own norm (``parallel_mlp_norm``), the exact-GELU MLP; GLM v1's interleaved partial rotary without
 sandwich norms; Helium's interleaved whole-head rotary; Ministral's sliding and full layers; VaultGemma's
-soft caps without sandwich norms; OLMo v1's parameter-free LayerNorms and clamped q/k/v.
+soft caps without sandwich norms; OLMo v1's parameter-free LayerNorms and clamped q/k/v;
+Ministral 3's per-position query scaling on every layer.
 Granite 4.0's Mamba2 mixers (``helios::causal_conv_update`` / ``helios::ssm_scan``) beside its experts,
 multipliers and attention with or without positions; Nemotron-H's layers without an MLP and the non-gated
 relu^2 MLP beside Mamba2 mixers (heads whose width is not a multiple of hidden_size), its non-gated relu^2
@@ -35,7 +36,7 @@ Mamba2 mixer side by side in every layer (gated without a norm, or with the gate
 Llama 4's chunked local attention (``helios::paged_attention_chunked``, its Triton kernel), NoPE layers'
 temperature tuning and experts weighted on their inputs beside a shared expert; MiniMax-M2's whole-projection
 q/k norms under partial rotary beside sigmoid routing with a choice bias; DBRX's clamped q/k/v under LayerNorms
-beside softmax experts.
+beside softmax experts; PhiMoE's SparseMixer routing (``helios::moe_route_sparsemixer``, its torch body on CUDA).
 DeepSeek-V3.2's and GLM-5's token indexer (``helios::index_key_write`` / ``index_topk`` /
 ``paged_latent_attention_selected``: torch bodies on CUDA, captured in graphs), GLM-5's shared layer.
 """
@@ -52,9 +53,9 @@ from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import DOTS1, LATENT_FAMILIES, YOUTU
 from ignition.hf_checkpoints import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT
 from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, GLM, GPT_NEOX, HELIUM, MINISTRAL, NEMOTRON, STABLELM
-from ignition.hf_checkpoints import OLMO1, VAULTGEMMA
+from ignition.hf_checkpoints import MINISTRAL3, OLMO1, VAULTGEMMA
 from ignition.hf_checkpoints import FALCON_H1_FAMILIES, GRANITE_HYBRID_FAMILIES, NEMOTRON_H, NEMOTRON_H_MOE
-from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2
+from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2, PHIMOE
 from ignition.test_deepseek_v32_recipe import DEEPSEEK_V32, GLM5
 from support.runtime_runs import first_difference, greedy_run, logits_error
 
@@ -71,8 +72,8 @@ def cores(tmp_path_factory) -> base.Cores:
                                     COHERE2, STARCODER2, PHI2, QWEN2_MOE, OLMOE, GRANITE_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE,
                                     ERNIE4_5_MOE, *GEMMA_FAMILIES,
                                     *LATENT_FAMILIES, DOTS1, YOUTU, QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE,
-                                    EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, GLM, HELIUM, MINISTRAL, VAULTGEMMA, OLMO1, *GRANITE_HYBRID_FAMILIES,
-                                    NEMOTRON_H, NEMOTRON_H_MOE, *FALCON_H1_FAMILIES, LLAMA4, MINIMAX_M2, DBRX,
+                                    EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, GLM, HELIUM, MINISTRAL, VAULTGEMMA, OLMO1, MINISTRAL3, *GRANITE_HYBRID_FAMILIES,
+                                    NEMOTRON_H, NEMOTRON_H_MOE, *FALCON_H1_FAMILIES, LLAMA4, MINIMAX_M2, DBRX, PHIMOE,
                                     DEEPSEEK_V32, GLM5],
                          ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):

@@ -470,6 +470,16 @@ DBRX = Family("dbrx", transformers.DbrxConfig, (
     ("d_model", 64), ("ffn_config", {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 100.0}), ("tie_word_embeddings", False), *PHI3_IDS,
 ))
+# PhiMoE (tests/ignition/test_phimoe_recipe.py): LayerNorms with biases, q/k/v/o and lm_head biases, SparseMixer top-2
+# routing of 4 experts (jitter threshold 0.3, so the masks bind), Phi-3.5-MoE's longrope (short factors, equal
+# mscales), untied.
+PHIMOE = Family("phimoe", transformers.PhimoeConfig, (
+    ("intermediate_size", 32), ("num_local_experts", 4), ("router_jitter_noise", 0.3), ("attention_bias", True),
+    ("lm_head_bias", True), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "longrope", "rope_theta": 100.0,
+                         "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0], "long_factor": [2.0] * 8,
+                         "short_mscale": 1.2, "long_mscale": 1.2, "original_max_position_embeddings": 64}), *PHI3_IDS,
+))
 # Nemotron (tests/ignition/test_nemotron_recipe.py): LayerNorm1P norms (weight + 1, biases), the non-gated relu^2 MLP
 # with biases, q/k/v/o biases, partial rotary (8 of each head's 16 dims, theta 100), untied.
 NEMOTRON = Family("nemotron", transformers.NemotronConfig, (
@@ -520,6 +530,14 @@ VAULTGEMMA = Family("vaultgemma", transformers.VaultGemmaConfig, (
 OLMO1 = Family("olmo1", transformers.OlmoConfig, (
     ("clip_qkv", 0.8), ("attention_bias", True), ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
+# Ministral 3 (tests/ignition/test_ministral3_recipe.py): queries scaled by 1 + 0.5 log(1 + floor(p / 16)) after a YaRN
+# rope over an original context of 16 (the prompts and their continuations pass it several times), untied.
+MINISTRAL3 = Family("ministral3", transformers.Ministral3Config, (
+    ("head_dim", 16), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1000.0, "factor": 32.0, "original_max_position_embeddings": 16,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "llama_4_scaling_beta": 0.5}), *PHI3_IDS,
 ))
 
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:

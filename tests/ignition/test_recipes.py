@@ -116,13 +116,13 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "Dots1ForCausalLM", "YoutuForCausalLM",
                                             "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
                                             "GraniteMoeHybridForCausalLM", "Llama4ForCausalLM",
-                                            "Llama4ForConditionalGeneration", "MiniMaxM2ForCausalLM", "DbrxForCausalLM",
+                                            "Llama4ForConditionalGeneration", "MiniMaxM2ForCausalLM", "DbrxForCausalLM", "PhimoeForCausalLM",
                                             "NemotronHForCausalLM", "FalconH1ForCausalLM",
                                             "Exaone4ForCausalLM", "ApertusForCausalLM", "ArceeForCausalLM",
                                             "NemotronForCausalLM", "StableLmForCausalLM", "GPTNeoXForCausalLM",
                                             "GlmForCausalLM", "HeliumForCausalLM", "MinistralForCausalLM",
                                             "InternLM3ForCausalLM", "VaultGemmaForCausalLM",
-                                            "OlmoForCausalLM"}
+                                            "OlmoForCausalLM", "Ministral3ForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

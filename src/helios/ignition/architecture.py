@@ -101,8 +101,8 @@ per layer) gives a layer chunked local attention: with chunk c > 0 a query at po
 positions of its own chunk only, [p - p % c, p] (``helios::paged_attention_chunked``). The
 ``qk_unnormed_layers`` have no q/k norm slots and norm nothing (Llama 4 norms the q/k of its RoPE
 layers only). ``query_temperature`` multiplies the queries of its layers at position p by
-1 + scale * log1p(floor((p + 1) / floor_scale)) (Llama 4's attention temperature tuning of its
-NoPE layers). With ``moe.input_weighted`` each routing weight scales its expert's input instead of
+1 + scale * log1p(floor((p + position_offset) / floor_scale)) (Llama 4's attention temperature tuning
+of its NoPE layers, offset 1; Ministral 3's of every layer, offset 0). With ``moe.input_weighted`` each routing weight scales its expert's input instead of
 its output: out = sum_k expert_k(w_k x). ``qkv_clip`` (> 0, DBRX) clamps every output of the q/k/v
 projection (biases included) to [-qkv_clip, qkv_clip] before the heads are split.
 
@@ -132,7 +132,7 @@ class CheckpointError(UsageError):
     """A checkpoint or architecture description that preparation cannot turn into programs."""
 
 
-ROUTER_SCORINGS = ("softmax", "topk_softmax", "sigmoid")
+ROUTER_SCORINGS = ("softmax", "topk_softmax", "sigmoid", "sparsemixer")  # sparsemixer: helios::moe_route_sparsemixer
 EXPERT_ACTIVATIONS = ("silu", "swiglu_clamped", "relu2")  # relu2: non-gated experts (helios::moe_experts)
 GATED_ACTIVATIONS = ("silu", "gelu_tanh")  # helios::silu_mul, helios::gelu_tanh_mul
 MLP_ACTIVATIONS = GATED_ACTIVATIONS + ("gelu", "relu2", "xielu")  # the non-gated MLP's: helios.ignition.activations
@@ -160,6 +160,7 @@ class MixtureOfExperts:
     limit: float = 0.0  # swiglu_clamped only
     shared_intermediate_size: int = 0  # 0: no shared expert
     shared_gate: bool = False  # the shared expert's output scaled by sigmoid(x . shared.gate) (Qwen2-MoE)
+    jitter_eps: float = 0.0  # sparsemixer only: its masking threshold (PhiMoE's router_jitter_noise)
     input_weighted: bool = False  # each routing weight scales its expert's input, not its output (Llama 4)
 
     @property
@@ -185,22 +186,31 @@ class MixtureOfExperts:
                                   f"of {self.num_experts // self.num_groups}")
         if self.expert_intermediate_size < 1 or self.shared_intermediate_size < 0:
             raise CheckpointError("expert widths must be positive")
+        if self.scoring == "sparsemixer" and (self.experts_per_token != 2 or self.num_groups != 1 or self.correction_bias
+                                             or self.router_bias or not math.isfinite(self.jitter_eps)
+                                             or self.jitter_eps < 0):
+            raise CheckpointError(f"sparsemixer routing picks 2 experts of one group, with no router or correction "
+                                  f"bias and a finite jitter_eps >= 0 (got {self.experts_per_token} experts per token, "
+                                  f"jitter_eps {self.jitter_eps})")
         if self.shared_gate and not self.shared_intermediate_size:
             raise CheckpointError("shared_gate needs a shared expert (shared_intermediate_size > 0)")
 
 
 @dataclass(frozen=True)
 class QueryTemperature:
-    """Attention temperature tuning (Llama 4's NoPE layers): the queries of `layers` at position p are
-    multiplied by log1p(floor((p + 1) / floor_scale)) * scale + 1 before attending."""
+    """Attention temperature tuning (Llama 4's NoPE layers, every layer of Ministral 3): the queries of
+    `layers` at position p are multiplied by log1p(floor((p + position_offset) / floor_scale)) * scale + 1
+    before attending (Llama 4 floors p + 1, Ministral 3 p itself)."""
 
     floor_scale: float
     scale: float
     layers: tuple[int, ...]
+    position_offset: float = 1.0
 
     def factors(self, positions: torch.Tensor) -> torch.Tensor:
         """float32 [T] of int64 positions [T], in the reference's order of operations."""
-        return torch.log1p(torch.floor((positions.to(torch.float32) + 1.0) / self.floor_scale)) * self.scale + 1.0
+        shifted = positions.to(torch.float32) + self.position_offset
+        return torch.log1p(torch.floor(shifted / self.floor_scale)) * self.scale + 1.0
 
 
 @dataclass(frozen=True)
@@ -416,7 +426,8 @@ class Architecture:
                                   f"attention layers of {self.num_layers}")
         temperature = self.query_temperature
         if temperature is not None:
-            finite = math.isfinite(temperature.floor_scale) and math.isfinite(temperature.scale)
+            finite = all(math.isfinite(value) for value in (temperature.floor_scale, temperature.scale,
+                                                            temperature.position_offset))
             if not finite or temperature.floor_scale <= 0 or not set(temperature.layers) <= layers or not plain:
                 raise CheckpointError(f"query_temperature {temperature} needs a finite positive floor_scale, a finite "
                                       f"scale and plain attention layers of {self.num_layers}")

@@ -19,11 +19,12 @@ Multi-head latent attention: DeepSeek-V3 and GLM-4.7-Flash (`deepseek`), DeepSee
 Llama 4 text decoders (`llama4`: chunked local attention, NoPE layers with temperature tuning,
 input-weighted sigmoid experts beside a shared expert). MiniMax-M2 (`minimax_m2`: q/k norms over whole projections,
 partial rotary, sigmoid routing with a correction bias). DBRX (`dbrx`: LayerNorms, clamped q/k/v, softmax
-experts in every layer).
+experts in every layer). PhiMoE (`phimoe`: SparseMixer top-2 routing, LayerNorms with biases).
 
 More dense decoders: EXAONE 4 (`exaone4`), Apertus (`apertus`), Arcee (`arcee`),
 Nemotron (`nemotron`), StableLM (`stablelm`), GPT-NeoX (`gpt_neox`), Helium (`helium`),
-Ministral (`ministral`), OLMo v1 (`olmo1`); InternLM3 prepares as Llama (`llama`).
+Ministral (`ministral`), Ministral 3 text (`ministral3`), OLMo v1
+(`olmo1`); InternLM3 prepares as Llama (`llama`).
 
 Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qwen3.5 text decoders
 (`qwen3_next`, Gated DeltaNet linear attention and gated attention), Granite 4.0
@@ -52,6 +53,7 @@ from helios.ignition.recipes import dots1
 from helios.ignition.recipes import llama4
 from helios.ignition.recipes import minimax_m2
 from helios.ignition.recipes import dbrx
+from helios.ignition.recipes import phimoe
 from helios.ignition.recipes import granitemoehybrid
 from helios.ignition.recipes import nemotron_h
 from helios.ignition.recipes import falcon_h1
@@ -64,6 +66,7 @@ from helios.ignition.recipes import gpt_neox
 from helios.ignition.recipes import helium
 from helios.ignition.recipes import ministral
 from helios.ignition.recipes import olmo1
+from helios.ignition.recipes import ministral3
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
@@ -97,6 +100,7 @@ _REGISTRY.update({name: dots1.build for name in dots1.ARCHITECTURES})
 _REGISTRY.update({name: llama4.build for name in llama4.ARCHITECTURES})
 _REGISTRY.update({name: minimax_m2.build for name in minimax_m2.ARCHITECTURES})
 _REGISTRY.update({name: dbrx.build for name in dbrx.ARCHITECTURES})
+_REGISTRY.update({name: phimoe.build for name in phimoe.ARCHITECTURES})
 _REGISTRY.update({name: granitemoehybrid.build for name in granitemoehybrid.ARCHITECTURES})
 _REGISTRY.update({name: nemotron_h.build for name in nemotron_h.ARCHITECTURES})
 _REGISTRY.update({name: falcon_h1.build for name in falcon_h1.ARCHITECTURES})
@@ -109,6 +113,7 @@ _REGISTRY.update({name: gpt_neox.build for name in gpt_neox.ARCHITECTURES})
 _REGISTRY.update({name: helium.build for name in helium.ARCHITECTURES})
 _REGISTRY.update({name: ministral.build for name in ministral.ARCHITECTURES})
 _REGISTRY.update({name: olmo1.build for name in olmo1.ARCHITECTURES})
+_REGISTRY.update({name: ministral3.build for name in ministral3.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
 _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
