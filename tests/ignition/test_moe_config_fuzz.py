@@ -1,4 +1,4 @@
-"""test_config_fuzz's differential check over drawn Llama 4, MiniMax-M2 and DBRX configurations.
+"""test_config_fuzz's differential check over drawn Llama 4, MiniMax-M2, DBRX and PhiMoE configurations.
 
 Each draw must prepare a model whose float32 prefill logits, scored log-probabilities and greedy
 tokens equal transformers' on the same weights, or be refused with a `CheckpointError` naming one of
@@ -104,7 +104,32 @@ def draw_dbrx(seed: int) -> Variant:
     return Variant(Family(f"dbrx-{seed}", transformers.DbrxConfig, tuple(config.items())))
 
 
-DRAWS = {"llama4": draw_llama4, "minimax_m2": draw_minimax_m2, "dbrx": draw_dbrx}
+def draw_phimoe(seed: int) -> Variant:
+    """PhiMoE: 2-6 experts (top-2 always; rarely another count: refused), a jitter threshold 0 to 0.5, q/k/v/o
+    and lm_head biases or not, a sliding window or none, the default rope or Phi-3.5-MoE's longrope (short
+    factors, equal mscales; rarely unequal: refused), tied or untied."""
+    rng = random.Random(f"phimoe-{seed}")
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)), intermediate_size=_choice(rng, (16, 32)),
+                  max_position_embeddings=512, rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)),
+                  num_local_experts=_choice(rng, (2, 4, 6)), router_jitter_noise=_choice(rng, (0.0, 0.01, 0.2, 0.5)),
+                  attention_bias=rng.random() < 0.5, lm_head_bias=rng.random() < 0.5,
+                  sliding_window=_choice(rng, (None, None, 5)), tie_word_embeddings=rng.random() < 0.2,
+                  pad_token_id=None, bos_token_id=None, eos_token_id=None, **_attention_geometry(rng, True))
+    if rng.random() < 0.05:
+        config["num_experts_per_tok"] = 1
+    half = config["head_dim"] // 2
+    if rng.random() < 0.5:
+        mscale = _choice(rng, (1.0, 1.2))
+        config["rope_parameters"] = {"rope_type": "longrope", "rope_theta": _choice(rng, (100.0, 10000.0)),
+                                     "short_factor": [1.0 + 0.3 * i for i in range(half)], "long_factor": [2.0] * half,
+                                     "short_mscale": mscale, "long_mscale": mscale if rng.random() < 0.9 else 1.5,
+                                     "original_max_position_embeddings": 64}
+    else:
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": _choice(rng, (100.0, 10000.0))}
+    return Variant(Family(f"phimoe-{seed}", transformers.PhimoeConfig, tuple(config.items())))
+
+
+DRAWS = {"llama4": draw_llama4, "minimax_m2": draw_minimax_m2, "dbrx": draw_dbrx, "phimoe": draw_phimoe}
 SEEDS = range(int(os.environ.get("HELIOS_MOE_CONFIG_FUZZ_SEEDS", 3)))
 
 

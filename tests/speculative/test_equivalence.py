@@ -26,7 +26,7 @@ from ignition.hf_checkpoints import COHERE_FAMILIES, GLM4, OLMO_FAMILIES, PHI2, 
 from ignition.hf_checkpoints import ERNIE4_5_MOE, GRANITE_MOE_FAMILIES, HUNYUAN_MOE, OLMOE_FAMILIES, QWEN2_MOE
 from ignition.hf_checkpoints import DEEPSEEK_V2, DOTS1, YOUTU
 from ignition.hf_checkpoints import GEMMA_FAMILIES
-from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2
+from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2, PHIMOE
 from ignition.hf_checkpoints import APERTUS, GPT_NEOX
 
 from .support import eager_model, eager_runtime, truncated
@@ -69,7 +69,7 @@ def run(recipe, draft, capacity_plan, speculative=True, startup=StartupOptions()
                          + (STARCODER2, PHI2)
                          + LLAMA_SHAPED_FAMILIES + (GRANITE, HUNYUAN, GLM4) + OLMO_FAMILIES + (QWEN2_MOE,)
                          + OLMOE_FAMILIES + GRANITE_MOE_FAMILIES + (HUNYUAN_MOE, ERNIE4_5_MOE)
-                         + (DEEPSEEK_V2, DOTS1, YOUTU) + GEMMA_FAMILIES + (LLAMA4, MINIMAX_M2, DBRX)
+                         + (DEEPSEEK_V2, DOTS1, YOUTU) + GEMMA_FAMILIES + (LLAMA4, MINIMAX_M2, DBRX, PHIMOE)
                          + (APERTUS, GPT_NEOX),
                          ids=lambda f: f.name)
 def test_greedy_speculative_output_equals_ordinary_decoding(recipes, family):

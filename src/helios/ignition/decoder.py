@@ -22,6 +22,7 @@ import helios.abi.attention_chunked  # noqa: F401  (registers helios::paged_atte
 import helios.abi.fused  # noqa: F401  (registers helios::rms_norm, add_rms_norm, silu_mul, rotary_cache_write)
 import helios.abi.layer_norm  # noqa: F401  (registers helios::layer_norm)
 import helios.abi.moe  # noqa: F401  (registers helios::moe_route, helios::moe_experts)
+import helios.abi.moe_sparsemixer  # noqa: F401  (registers helios::moe_route_sparsemixer)
 from helios.abi.fused import apply_rotary
 from helios.abi.layer_norm import reference_layer_norm
 from helios.ignition.activations import plain_activation
@@ -289,9 +290,12 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
     the rank's `Partial` output is returned (`summed` or `residual_norm` adds it up)."""
     moe = arch.moe
     logits = F.linear(hidden.to(torch.float32), w[prefix + "router.weight"], w.get(prefix + "router.bias"))
-    weights, ids = torch.ops.helios.moe_route(
-        logits, w.get(prefix + "router.correction_bias"), moe.scoring, moe.experts_per_token, moe.num_groups,
-        moe.topk_groups, moe.normalize, moe.scale)
+    if moe.scoring == "sparsemixer":  # PhiMoE: its own op (a threshold argument moe_route has no slot for)
+        weights, ids = torch.ops.helios.moe_route_sparsemixer(logits, moe.jitter_eps)
+    else:
+        weights, ids = torch.ops.helios.moe_route(
+            logits, w.get(prefix + "router.correction_bias"), moe.scoring, moe.experts_per_token, moe.num_groups,
+            moe.topk_groups, moe.normalize, moe.scale)
     first = prefix + ("experts.gate_up" if moe.is_gated else "experts.up")  # non-gated: the up rows alone
     experts = (w[first], w.get(first + "_bias"), w[prefix + "experts.down"],
                w.get(prefix + "experts.down_bias"), moe.activation, moe.alpha, moe.limit)
