@@ -7,7 +7,8 @@ positions), dense and sparse MLPs interleaved (4 experts, top-2 sigmoid weights 
 inputs, a shared expert). Prompts of 13-14 tokens and 64 generated tokens cross many chunk
 boundaries. Prefill logits, scored log-probabilities and greedy tokens (single, batched, from cached
 prefix pages) equal the reference's (test_equivalence's checks and tolerances); a served core does
-too; each new switch matters; unsupported settings are refused by name.
+too; each new switch matters; the multimodal checkpoint prepares its text decoder; unsupported settings
+are refused by name.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import dataclasses
 
 import pytest
 import torch
+import transformers
 
 from helios.ignition.architecture import CheckpointError, MixtureOfExperts, QueryTemperature, weight_layout
 from helios.ignition.recipes import load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import LLAMA4, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import LLAMA4, _draw, random_model, rewritten_checkpoint, write_checkpoint
 from .test_llama_shaped_served import check_served_core
 
 
@@ -98,8 +100,8 @@ REFUSED = {
     "another activation": (dict(hidden_act="gelu"), "hidden_act"),
     "partial rotary": (dict(rope_parameters={"rope_type": "default", "rope_theta": 100.0,
                                              "partial_rotary_factor": 0.5}), "partial_rotary_factor"),
-    "the multimodal checkpoint": (dict(architectures=["Llama4ForConditionalGeneration"]),
-                                  "Llama4ForConditionalGeneration"),
+    "a multimodal checkpoint without a text_config": (dict(architectures=["Llama4ForConditionalGeneration"]),
+                                                      "text_config"),
     "too many experts per token": (dict(num_experts_per_tok=5), "5 experts per token of 4"),
 }
 
@@ -109,3 +111,25 @@ def test_unsupported_llama4_settings_are_refused_by_name(checkpoint, tmp_path, c
     changes, setting = REFUSED[case]
     with pytest.raises(CheckpointError, match=setting):
         load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, lambda config: config.update(changes)))
+
+
+def test_the_multimodal_checkpoint_prepares_its_text_decoder(tmp_path):
+    """Llama4ForConditionalGeneration: text_config and the language_model tensors, the vision tower left
+    out with a notice; the text logits are the multimodal reference's on a text prompt."""
+    text = LLAMA4.config().to_dict()
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=28,
+                  patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)
+    torch.manual_seed(3)
+    reference = transformers.Llama4ForConditionalGeneration(
+        transformers.Llama4Config(text_config=text, vision_config=vision)).float().eval()
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # hf_checkpoints' draws (spread-out weights, norms around 1)
+        for name, parameter in reference.named_parameters():
+            parameter.copy_(_draw(name, parameter, generator))
+    recipe = load_checkpoint(write_checkpoint(reference, tmp_path))
+    assert recipe.architecture.layer_chunks == (8, 0, 8, 0) and "vision tower" in recipe.notices[0]
+    prompt = equivalence.random_prompt(20, seed=16)
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor([prompt])).logits[0, -1]
+    ours = equivalence.prefill_logits(recipe.architecture, recipe.weight_tensors, prompt)
+    assert equivalence.relative_error(ours, expected) < equivalence.TOLERANCE

@@ -23,8 +23,9 @@ Llama4TextModel read them, with what Llama 4 adds:
   shared expert of the same width always added.
 
 Keys config.json leaves out take Llama4TextConfig's defaults. Llama4ForConditionalGeneration (the
-multimodal checkpoint) is refused by name: its text decoder is served from a Llama4ForCausalLM
-checkpoint of the language model's tensors.
+multimodal checkpoint, as released) prepares its text decoder alone: ``text_config`` and the
+``language_model.*`` tensors, the vision tower (``vision_model.*``, ``multi_modal_projector.*``) left out
+with a notice: the core is a text model and takes no images.
 """
 
 from __future__ import annotations
@@ -49,10 +50,15 @@ _DEFAULTS = {"intermediate_size": 8192, "intermediate_size_mlp": 16384, "rms_nor
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
+    notices: tuple[str, ...] = ()
     if source == "Llama4ForConditionalGeneration":
-        raise UnsupportedCheckpoint("Llama4ForConditionalGeneration (the multimodal checkpoint) is not supported: "
-                                    "prepare its language model as a Llama4ForCausalLM checkpoint (text_config and "
-                                    "the language_model tensors)")
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            raise UnsupportedCheckpoint(f"config.json: a {source} checkpoint needs a text_config, got {text!r:.80}")
+        skipped = len(tensors.names) - len(_LanguageModel(tensors).names)
+        config, tensors = text, _LanguageModel(tensors)
+        notices = (f"{source}: the text decoder alone is prepared ({skipped} vision tower tensors are not "
+                   f"served); the core takes no images",)
     config = {**_DEFAULTS, **config}
     num_layers = int(config["num_hidden_layers"])
     rotary = smollm3.rotary_layers(config, num_layers)
@@ -75,7 +81,27 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
         return _attention_weights(arch, layer, take) + _mlp_weights(arch, layer, take)
 
     weights, used = llama.prepared_weights(arch, config, tensors, layer_weights, transform=halves)
-    return llama.placed_recipe(source, arch, weights, used, tensors)
+    return dataclasses.replace(llama.placed_recipe(source, arch, weights, used, tensors), notices=notices)
+
+
+class _LanguageModel:
+    """A multimodal checkpoint's ``language_model.*`` tensors under the text checkpoint's names (the
+    vision tower's are not among its names)."""
+
+    PREFIX = "language_model."
+
+    def __init__(self, tensors: CheckpointTensors):
+        self._tensors = tensors
+
+    def __contains__(self, name: str) -> bool:
+        return self.PREFIX + name in self._tensors
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._tensors.get(self.PREFIX + name)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(name.removeprefix(self.PREFIX) for name in self._tensors.names if name.startswith(self.PREFIX))
 
 
 def _flag(config: Mapping[str, Any], key: str) -> bool:
