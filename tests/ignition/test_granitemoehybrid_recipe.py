@@ -121,6 +121,21 @@ def test_a_decoder_whose_layers_all_attend_is_a_plain_decoder(tmp_path):
     assert equivalence.relative_error(ours, expected) < equivalence.TOLERANCE
 
 
+def test_experts_without_a_shared_mlp(tmp_path):
+    """shared_intermediate_size 0 beside experts: transformers saves a zero-wide shared_mlp (its output is
+    zeros), which the recipe leaves unplaced instead of refusing the checkpoint (the hybrid fuzz found it)."""
+    family = dataclasses.replace(GRANITE_HYBRID, name="granite_hybrid_unshared", overrides=(
+        *GRANITE_HYBRID.overrides, ("shared_intermediate_size", 0)))
+    reference = random_model(family)
+    recipe = load_checkpoint(write_checkpoint(reference, tmp_path / "checkpoint"))
+    assert recipe.architecture.moe.shared_intermediate_size == 0
+    prompt = equivalence.random_prompt(11, seed=5)
+    ours = equivalence.prefill_logits(recipe.architecture, recipe.weight_tensors, prompt)
+    with torch.no_grad():
+        expected = reference(torch.tensor([prompt])).logits[0, -1]
+    assert equivalence.relative_error(ours, expected) < equivalence.TOLERANCE
+
+
 def test_config_defaults_are_the_config_class_defaults():
     reference = transformers.GraniteMoeHybridConfig()
     for key, value in REFERENCE_DEFAULTS["GraniteMoeHybridForCausalLM"].items():

@@ -8,8 +8,9 @@ each layer a pre-norm, its mixer or attention, a post-norm and an MLP) with Gran
   unless every layer attends, which prepares a plain decoder (Granite 4.0 Micro);
 - the MLP: with ``num_local_experts`` > 0 Granite MoE's experts (``block_sparse_moe``, top-k
   softmax routing, `helios.ignition.recipes.granite_moe`) plus ``shared_mlp`` as their shared
-  expert; with 0 experts ``shared_mlp`` alone is the layer's dense gated MLP
-  (``shared_intermediate_size`` wide; ``input_linear`` holds the gate rows, then the up rows);
+  expert (none where ``shared_intermediate_size`` is 0: transformers saves it zero-wide); with 0
+  experts ``shared_mlp`` alone is the layer's dense gated MLP (``shared_intermediate_size`` wide;
+  ``input_linear`` holds the gate rows, then the up rows);
 - Granite's four multipliers (`helios.ignition.recipes.granite`): the residual multiplier folded
   into the o projection, the mixer's out projection, the experts' and the shared MLP's output
   projections; the logits divisor into the final norm; the embedding multiplier and the attention
@@ -56,8 +57,16 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     inv_freq = None if is_rotary(config) else torch.zeros(arch.head_dim // 2)
     weights, used = llama.prepared_weights(arch, config, tensors, layer_weights, inv_freq=inv_freq,
                                            transform=granite.folded_multipliers(multipliers, _RESIDUAL_OUTPUTS))
-    recipe = llama.placed_recipe(source, arch, weights, used | mixer_used, tensors)
+    recipe = llama.placed_recipe(source, arch, weights, used | mixer_used | _empty_shared_mlp(arch, tensors), tensors)
     return dataclasses.replace(recipe, inputs_embeds_scale=multipliers["embedding_multiplier"])
+
+
+def _empty_shared_mlp(arch: Architecture, tensors: CheckpointTensors) -> set[str]:
+    """The zero-width ``shared_mlp`` tensors transformers saves beside experts for
+    ``shared_intermediate_size`` 0 (its output is zeros: nothing to place)."""
+    if arch.moe is None or arch.moe.shared_intermediate_size:
+        return set()
+    return {name for name in tensors.names if ".shared_mlp." in name and tensors.get(name).numel() == 0}
 
 
 def layer_kinds(config: Mapping[str, Any]) -> tuple[bool, ...]:
