@@ -21,6 +21,7 @@ import transformers
 
 from helios.ignition.architecture import CheckpointError, MixtureOfExperts, QueryTemperature, weight_layout
 from helios.ignition.recipes import load_checkpoint
+from helios.ignition.window_split import sliding_layers, window_tokens
 
 from . import test_equivalence as equivalence
 from .hf_checkpoints import LLAMA4, _draw, random_model, rewritten_checkpoint, write_checkpoint
@@ -45,6 +46,8 @@ def test_the_prepared_layout_and_switches(prepared):
     assert arch.qk_norm_after_rotary and arch.qk_unnormed_layers == (1, 3) and "layers.1.q_norm" not in weights
     assert torch.equal(weights["layers.0.q_norm"], torch.ones(16))
     assert arch.query_temperature == QueryTemperature(4.0, 0.5, (1, 3))
+    # the chunked layers keep their keys in the window region, a window of their chunk (pages out of it released)
+    assert arch.layer_extents == (8, 0, 8, 0) and window_tokens(arch) == 8 and sliding_layers(arch) == (0, 2)
     block = prepared.reference.model.layers[1].feed_forward
     assert torch.equal(weights["layers.1.experts.gate_up"], block.experts.gate_up_proj.transpose(1, 2))
     assert torch.equal(weights["layers.1.router.weight"], block.router.weight)

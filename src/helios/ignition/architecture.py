@@ -451,6 +451,12 @@ class Architecture:
         """Whether `layer`'s attention rotates its queries and keys (every layer but `nope_layers`)."""
         return layer not in self.nope_layers
 
+    @property
+    def layer_extents(self) -> tuple[int, ...]:
+        """Per layer, how many of the latest positions its attention reads (0: every one): its window, or its
+        chunk (a chunked query reads at most chunk - 1 positions back): what the cache must keep for it."""
+        return tuple(window or self.layer_chunk(layer) for layer, window in enumerate(self.layer_windows))
+
     def is_qk_normed(self, layer: int) -> bool:
         """Whether `layer` norms its queries and keys (``qk_norm``, but not the ``qk_unnormed_layers``)."""
         return self.qk_norm and layer not in self.qk_unnormed_layers

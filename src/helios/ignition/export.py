@@ -298,13 +298,14 @@ def _declaration(recipe: Recipe, assets, options: PrepareOptions, weights_digest
         max_concurrency=plan.max_concurrency, page_capacity=page_capacity, eos_token_ids=assets.eos_token_ids,
         sampling=assets.sampling, template_tokens=assets.template_tokens, aliases=options.aliases,
         frontend=assets.frontend, ranks=options.tensor_parallel,
-        history_window=history_window(recipe.architecture.layer_windows),
+        history_window=history_window(recipe.architecture.layer_extents),
         # Recurrent state is reused only through snapshots: continuation rows for two per request.
         snapshot_capacity=2 * plan.max_concurrency if recipe.architecture.recurrent is not None else 0,
     )
 
 
-def history_window(layer_windows: tuple[int, ...]) -> int:
-    """The cache's sliding-window extent: the widest layer window when every layer slides, else 0
-    (a full-attention layer reads every position, so no page ever falls out of every window)."""
-    return max(layer_windows) if layer_windows and all(window > 0 for window in layer_windows) else 0
+def history_window(layer_extents: tuple[int, ...]) -> int:
+    """The cache's sliding-window extent: the widest layer window (or chunk, `Architecture.layer_extents`)
+    when every layer reads a bounded extent, else 0 (a full-attention layer reads every position, so no
+    page ever falls out of every window)."""
+    return max(layer_extents) if layer_extents and all(extent > 0 for extent in layer_extents) else 0

@@ -11,7 +11,9 @@ A decoder that mixes sliding-window and full-attention layers keeps two paged hi
 
 Both tables map the same logical pages (entry i covers positions [i * page_tokens, (i + 1) *
 page_tokens)); a sliding layer writes and reads its keys through the window table, a full layer
-through the full one. Cores with a draft model, an image encoder, latent attention or recurrent
+through the full one. Chunked layers (`Architecture.layer_chunks`, Llama 4's) keep their keys in the window
+region too, as layers whose window is their chunk (`Architecture.layer_extents`): a chunked query reads
+at most chunk - 1 positions back, so no page it reads falls out. Cores with a draft model, an image encoder, latent attention or recurrent
 mixers keep one region (`window_tokens` returns 0): their programs are not built for the split.
 """
 
@@ -30,7 +32,7 @@ WINDOW_REGION = "window"
 def window_tokens(arch: Architecture, options=None) -> int:
     """The split window's extent (tokens), or 0 when `arch` keeps one paged region (see the module):
     `options` (the core's `ProgramOptions`) with a draft model or a multimodal encoder keeps one."""
-    windows = [arch.layer_windows[layer] for layer in arch.attention_layers]
+    windows = [arch.layer_extents[layer] for layer in arch.attention_layers]
     mixed = any(w > 0 for w in windows) and any(w == 0 for w in windows)
     extras = options is not None and (options.draft is not None or options.multimodal is not None)
     if not mixed or extras or arch.latent is not None or arch.recurrent is not None:
@@ -52,11 +54,11 @@ def window_input_specs(arch: Architecture, page_tokens: int, options) -> tuple:
 
 
 def sliding_layers(arch: Architecture) -> tuple[int, ...]:
-    return tuple(layer for layer in arch.attention_layers if arch.layer_windows[layer] > 0)
+    return tuple(layer for layer in arch.attention_layers if arch.layer_extents[layer] > 0)
 
 
 def full_layers(arch: Architecture) -> tuple[int, ...]:
-    return tuple(layer for layer in arch.attention_layers if arch.layer_windows[layer] == 0)
+    return tuple(layer for layer in arch.attention_layers if arch.layer_extents[layer] == 0)
 
 
 class WindowStorage(NamedTuple):
@@ -72,7 +74,7 @@ def layer_storage(arch: Architecture, layer: int, k_cache, v_cache, step, window
     """(key plane, value plane, page-table rows, slot mapping) `layer` attends and writes through."""
     if window is None:
         return k_cache[layer], v_cache[layer], step.page_table, step.slot_mapping
-    windows = arch.layer_windows
+    windows = arch.layer_extents
     if windows[layer] > 0:
         index = sum(1 for earlier in arch.attention_layers if earlier < layer and windows[earlier] > 0)
         return window.k_cache[index], window.v_cache[index], window.page_table, window.slot_mapping
