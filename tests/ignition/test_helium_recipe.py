@@ -3,12 +3,13 @@
 The shape (tests/ignition/hf_checkpoints.py): interleaved rotary over whole heads, q/k/v and MLP biases, untied.
 Prefill logits, scored log-probabilities and greedy tokens (single, batched, from cached prefix pages) equal the
 reference's (test_equivalence's checks and tolerances); the q/k rows' de-interleaved order matters; a terse
-config.json takes HeliumConfig's defaults; unsupported settings are refused by name.
+config.json takes HeliumConfig's defaults (its rope theta too); unsupported settings are refused by name.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 import transformers
 
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
@@ -44,10 +45,18 @@ def checkpoint(tmp_path_factory):
 
 
 def test_a_terse_config_takes_the_references_defaults(checkpoint, tmp_path):
-    """rms_norm_eps left out is HeliumConfig's 1e-8 (Llama's fallback would be 1e-6)."""
-    directory = rewritten_checkpoint(checkpoint, tmp_path, lambda config: config.pop("rms_norm_eps"))
-    reference = transformers.AutoConfig.from_pretrained(directory)
-    assert load_checkpoint(directory).architecture.rms_norm_eps == reference.rms_norm_eps == 1e-8
+    """rms_norm_eps and the rope theta left out are HeliumConfig's 1e-8 and 100000 (Llama's fallbacks would be
+    1e-6 and 10000)."""
+    def edit(config):
+        config.pop("rms_norm_eps")
+        config["rope_parameters"].pop("rope_theta")
+
+    directory = rewritten_checkpoint(checkpoint, tmp_path, edit)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(directory)
+    recipe = load_checkpoint(directory)
+    assert recipe.architecture.rms_norm_eps == reference.config.rms_norm_eps == 1e-8
+    assert torch.equal(dict(recipe.weights)["rope.inv_freq"], reference.model.rotary_emb.inv_freq)
+    assert reference.config.rope_parameters["rope_theta"] == 100_000.0
 
 
 REFUSED = {

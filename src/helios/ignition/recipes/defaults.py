@@ -126,7 +126,7 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
     "HeliumForCausalLM": {"vocab_size": 48_000, "hidden_size": 2560, "intermediate_size": 7040,
                           "num_hidden_layers": 24, "num_attention_heads": 20, "num_key_value_heads": 20,
                           "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-8, "tie_word_embeddings": False,
-                          "max_position_embeddings": 4096},
+                          "max_position_embeddings": 4096, "rope_theta": 100_000.0},
     "InternLM3ForCausalLM": {"vocab_size": 128_512, "hidden_size": 4096, "intermediate_size": 10_240,
                              "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 2,
                              "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
