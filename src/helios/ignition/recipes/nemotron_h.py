@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import torch
 
 from helios.ignition.architecture import Architecture, MixtureOfExperts
-from helios.ignition.recipes import bamba
+from helios.ignition.recipes import bamba, plain_mlp
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recurrent_geometry import RecurrentGeometry
@@ -169,7 +169,7 @@ def prepared_weights(arch: Architecture, pairs, tensors: CheckpointTensors, pref
         if mlp is not None and arch.is_sparse(layer):
             weights += _moe_weights(arch, layer, f"{prefix}layers.{mlp}.", take, tensors)
         elif mlp is not None:
-            weights += _mlp_weights(arch, layer, f"{prefix}layers.{mlp}.", take)
+            weights += _mlp_weights(arch, layer, f"{prefix}layers.{mlp}.", take, tensors)
     weights += [NamedWeight("final_norm", take(prefix + "norm_f.weight")),
                 NamedWeight("lm_head", take("lm_head.weight")), NamedWeight("rope.inv_freq", torch.zeros(arch.head_dim // 2))]
     return tuple(weights), used
@@ -183,16 +183,9 @@ def _layer_weights(arch: Architecture, layer: int, src: str, take, tensors, used
     return out + bamba.attention_weights(arch, src + "mixer.", dst, take)
 
 
-def _mlp_weights(arch: Architecture, layer: int, src: str, take) -> list[NamedWeight]:
-    dst, mlp = f"layers.{layer}.", src + "mixer."
-    out = [NamedWeight(dst + "post_norm", take(src + "norm.weight")),
-           NamedWeight(dst + "up.weight", take(mlp + "up_proj.weight"))]
-    if arch.mlp_bias:
-        out.append(NamedWeight(dst + "up.bias", take(mlp + "up_proj.bias")))
-    out.append(NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight")))
-    if arch.mlp_bias:
-        out.append(NamedWeight(dst + "down.bias", take(mlp + "down_proj.bias")))
-    return out
+def _mlp_weights(arch: Architecture, layer: int, src: str, take, tensors: CheckpointTensors) -> list[NamedWeight]:
+    post_norm = NamedWeight(f"layers.{layer}.post_norm", take(src + "norm.weight"))
+    return [post_norm, *plain_mlp.mlp_weights(arch, layer, take, tensors, src=src + "mixer.")]
 
 
 def _moe_weights(arch: Architecture, layer: int, src: str, take, tensors: CheckpointTensors) -> list[NamedWeight]:

@@ -50,9 +50,11 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     return llama.placed_recipe(source, arch, weights, used, tensors)
 
 
-def mlp_weights(arch: Architecture, layer: int, take, tensors: CheckpointTensors) -> list[NamedWeight]:
-    """A layer's ``up`` (+ bias), ``mlp_act`` (xielu) and ``down`` (+ bias) slots."""
-    src, dst = f"model.layers.{layer}.mlp.", f"layers.{layer}."
+def mlp_weights(arch: Architecture, layer: int, take, tensors: CheckpointTensors,
+                src: str | None = None) -> list[NamedWeight]:
+    """A layer's ``up`` (+ bias), ``mlp_act`` (xielu) and ``down`` (+ bias) slots, from the checkpoint's
+    ``src`` up_proj / down_proj (default ``model.layers.<layer>.mlp.``; Nemotron-H's MLP blocks differ)."""
+    src, dst = src or f"model.layers.{layer}.mlp.", f"layers.{layer}."
     out = [NamedWeight(dst + "up.weight", take(src + "up_proj.weight"))]
     if arch.mlp_bias:
         out.append(NamedWeight(dst + "up.bias", take(src + "up_proj.bias")))
