@@ -18,14 +18,12 @@ import torch
 import transformers
 
 from helios.ignition.architecture import CheckpointError, weight_layout
-from helios.ignition.program_spec import Operation
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.recipes.defaults import REFERENCE_DEFAULTS
 
 from . import test_equivalence as equivalence
-from .driver import PagedModel, Sequence, generate
 from .hf_checkpoints import FALCON_H1, FALCON_H1_FAMILIES, random_model, rewritten_checkpoint, write_checkpoint
-from .test_granitemoehybrid_recipe import prepare_hybrid
+from .test_granitemoehybrid_recipe import assert_chunked_prompt_matches, prepare_hybrid
 
 
 @pytest.fixture(scope="module", params=FALCON_H1_FAMILIES, ids=lambda family: family.name)
@@ -34,12 +32,7 @@ def prepared(request, tmp_path_factory):
 
 
 def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(prepared):
-    prompt = equivalence.random_prompt(19, seed=3)
-    model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
-    sequence = Sequence(0, list(prompt))
-    generate(model, [sequence], equivalence.NEW_TOKENS, chunk=7)  # three chunks: state carried between them
-    assert model.operations_run[:3] == [Operation.PREFILL] * 3
-    equivalence.assert_matches_reference(prepared, sequence, prompt)
+    assert_chunked_prompt_matches(prepared)
 
 
 def test_a_continuous_batch_of_different_lengths_matches_transformers(prepared):

@@ -64,14 +64,20 @@ def prepared(request, tmp_path_factory):
     return prepare_hybrid(request.param, tmp_path_factory.mktemp("granite-hybrid"))
 
 
-def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(prepared):
+def assert_chunked_prompt_matches(prepared: Prepared) -> None:
+    """A 19-token prompt prefilled in three chunks (across the reference's Mamba2 chunk of 8, the
+    state carried between them), then 64 decode steps: transformers' greedy tokens and logits."""
     prompt = equivalence.random_prompt(19, seed=3)
     model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
     sequence = Sequence(0, list(prompt))
-    generate(model, [sequence], equivalence.NEW_TOKENS, chunk=7)  # three chunks: state carried between them
+    generate(model, [sequence], equivalence.NEW_TOKENS, chunk=7)
     assert model.operations_run[:3] == [Operation.PREFILL] * 3
     assert set(model.operations_run[3:]) == {Operation.DECODE}
     equivalence.assert_matches_reference(prepared, sequence, prompt)
+
+
+def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(prepared):
+    assert_chunked_prompt_matches(prepared)
 
 
 def test_a_continuous_batch_of_different_lengths_matches_transformers(prepared):

@@ -20,15 +20,13 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from helios.ignition.architecture import CheckpointError, MixtureOfExperts, weight_layout
-from helios.ignition.program_spec import Operation
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.recipes.defaults import REFERENCE_DEFAULTS
 from helios.ignition.recipes.nemotron_h import paired_blocks
 
 from . import test_equivalence as equivalence
-from .driver import PagedModel, Sequence, generate
 from .hf_checkpoints import NEMOTRON_H, NEMOTRON_H_MOE, rewritten_checkpoint
-from .test_granitemoehybrid_recipe import prepare_hybrid
+from .test_granitemoehybrid_recipe import assert_chunked_prompt_matches, prepare_hybrid
 
 
 _PREPARED: dict = {}
@@ -57,12 +55,7 @@ def either(request, tmp_path_factory):
 
 
 def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(either):
-    prompt = equivalence.random_prompt(19, seed=3)
-    model = PagedModel(either.recipe.weight_tensors, either.programs)
-    sequence = Sequence(0, list(prompt))
-    generate(model, [sequence], equivalence.NEW_TOKENS, chunk=7)  # three chunks: state carried between them
-    assert model.operations_run[:3] == [Operation.PREFILL] * 3
-    equivalence.assert_matches_reference(either, sequence, prompt)
+    assert_chunked_prompt_matches(either)
 
 
 def test_a_continuous_batch_of_different_lengths_matches_transformers(either):
