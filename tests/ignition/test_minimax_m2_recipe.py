@@ -1,12 +1,11 @@
 """The MiniMax-M2 recipe against transformers' MiniMaxM2ForCausalLM on a tiny random float32 checkpoint.
 
-The shape (tests/ignition/hf_checkpoints.py MINIMAX_M2): q/k RMS norms over the whole projections before a partial rotation
-(rotary_dim 8 of head_dim 16), and a mixture in every layer: 6 experts, top-2 of the sigmoid scores
-plus a random correction bias, weighted by the scores renormalised; untied. Prefill logits, scored
-log-probabilities and greedy tokens (single, batched, from cached prefix pages) equal the
-reference's (test_equivalence's checks and tolerances); a served core does too; the prepared layout
-reorders the rotated dimensions of q, k and their norms alike (the order matters); unsupported
-settings are refused by name.
+The shape (tests/ignition/hf_checkpoints.py MINIMAX_M2): q/k RMS norms over the whole projections before a
+partial rotation (rotary_dim 8 of head_dim 16), and a mixture in every layer: 6 experts, top-2 of the sigmoid
+scores plus a random correction bias, weighted by the scores renormalised; untied. Prefill logits, scored
+log-probabilities and greedy tokens (single, batched, from cached prefix pages) equal the reference's
+(test_equivalence's checks and tolerances); a served core does too; the prepared layout reorders the rotated
+dimensions of q, k and their norms alike (the order matters); unsupported settings are refused by name.
 """
 
 from __future__ import annotations

@@ -109,7 +109,8 @@ def draw_phimoe(seed: int) -> Variant:
     and lm_head biases or not, a sliding window or none, the default rope or Phi-3.5-MoE's longrope (short
     factors, equal mscales; rarely unequal: refused), tied or untied."""
     rng = random.Random(f"phimoe-{seed}")
-    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)), intermediate_size=_choice(rng, (16, 32)),
+    config = dict(num_hidden_layers=2, vocab_size=_choice(rng, (97, 128, 131)),
+                  intermediate_size=_choice(rng, (16, 32)),
                   max_position_embeddings=512, rms_norm_eps=_choice(rng, (1e-6, 1e-5, 0.1)),
                   num_local_experts=_choice(rng, (2, 4, 6)), router_jitter_noise=_choice(rng, (0.0, 0.01, 0.2, 0.5)),
                   attention_bias=rng.random() < 0.5, lm_head_bias=rng.random() < 0.5,

@@ -75,7 +75,8 @@ def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path):
 
 def test_tied_embeddings_keep_the_lm_head_bias(tmp_path):
     """Tied: the bias follows final_norm_bias (the head's slot), and the logits are the reference's."""
-    family = dataclasses.replace(PHIMOE, name="phimoe-tied", overrides=PHIMOE.overrides + (("tie_word_embeddings", True),))
+    family = dataclasses.replace(PHIMOE, name="phimoe-tied",
+                                 overrides=PHIMOE.overrides + (("tie_word_embeddings", True),))
     reference = random_model(family, seed=6)
     recipe = load_checkpoint(write_checkpoint(reference, tmp_path))
     names = [weight.name for weight in recipe.weights]

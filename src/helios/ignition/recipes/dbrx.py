@@ -15,9 +15,9 @@ Read as DbrxConfig and DbrxModel read them (the nested ``attn_config`` and ``ffn
 
 Refused by name: another ``ffn_act_fn`` than silu, another normalisation power, tied embeddings (the
 reference refuses them), a null ``clip_qkv`` (DbrxConfig's default, with which the reference's
-attention fails: it clamps with neither bound), and an ``attn_config.rope_theta`` other than the theta transformers 5 rotates
-by (it reads the top-level rope settings and ignores the nested key, which DBRX's own code read): the
-two would disagree, so neither is chosen silently.
+attention fails: it clamps with neither bound), and an ``attn_config.rope_theta`` other than the theta
+transformers 5 rotates by (it reads the top-level rope settings and ignores the nested key, which
+DBRX's own code read): the two would disagree, so neither is chosen silently.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from helios.ignition.recipes.checkpoint import CheckpointTensors
 
 ARCHITECTURES = ("DbrxForCausalLM",)
 _LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which DbrxNormAttentionNorm and norm_f keep
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # DbrxConfig's (and its sub-configs') defaults for the keys this recipe reads.
 _DEFAULTS = {"d_model": 2048, "n_heads": 16, "n_layers": 24, "max_seq_len": 2048, "vocab_size": 32000}
 _ATTN_DEFAULTS = {"kv_n_heads": 1, "clip_qkv": None}
@@ -58,7 +57,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
         vocab_size=int(config["vocab_size"]), hidden_size=hidden, intermediate_size=0,
         num_layers=int(config["n_layers"]), num_heads=heads, num_kv_heads=int(attn["kv_n_heads"]),
         head_dim=hidden // heads, rms_norm_eps=_LAYER_NORM_EPS, layer_windows=(0,) * int(config["n_layers"]),
-        dtype=dtype or _checkpoint_dtype(config, tensors), moe=experts, layer_norm=True,
+        dtype=dtype or llama._checkpoint_dtype(config, tensors, "transformer.wte.weight"), moe=experts, layer_norm=True,
         rotary_factor=llama.rope_attention_factor(rope), qkv_clip=float(attn["clip_qkv"]))
     llama.rope_parameters(rope)  # the rope type and a partial factor checked (whole heads)
     weights, used = _prepared_weights(arch, tensors, llama.rope_inv_freq(rope, arch.head_dim))
@@ -117,9 +116,3 @@ def _prepared_weights(arch: Architecture, tensors: CheckpointTensors, inv_freq: 
                 NamedWeight("lm_head", take("lm_head.weight")), NamedWeight("rope.inv_freq", inv_freq)]
     return tuple(weights), used
 
-
-def _checkpoint_dtype(config: Mapping[str, Any], tensors: CheckpointTensors) -> str:
-    declared = config.get("dtype") or config.get("torch_dtype")
-    if declared in _DTYPES.values():
-        return declared
-    return _DTYPES.get(tensors.get("transformer.wte.weight").dtype, "float32")
