@@ -8,8 +8,8 @@ dtypes and devices are then the ones already checked. Each rewrite is exact (the
 the same values, `helios.abi.cpu_bodies`):
 
 - `plan_steps`: every attention call of a step shares one `plan_attention` node (page ids, masks)
-  when it reads the same page table, row bounds, positions and window from planes of one cache
-  buffer; every rotary/cache write shares one slot plan per slot mapping and one rotary plan per
+  when it reads the same page table, row bounds, positions, window (and chunk, for
+  ``helios::paged_attention_chunked``) from planes of one cache buffer; every rotary/cache write shares one slot plan per slot mapping and one rotary plan per
   (cos, sin, slots). A plan node is inserted before the first call that uses it.
 - `sample_selected_rows`: a sample call whose tokens are only ever selected by one bool tensor
   (``where(rows, tokens, other)``; ``full_like(tokens, ...)`` reads only its shape) computes only
@@ -39,6 +39,7 @@ from helios.runtime.loading.repeated_calls import merge_repeated_calls
 
 OP_META = "helios_op"  # node.meta key: (op name, the body the node was bound to)
 _ATTENTION_OPS = ("helios::paged_attention", "helios::paged_attention_tuned")
+_CHUNKED = "helios::paged_attention_chunked"  # its chunk (argument 8) joins the plan
 _aten = torch.ops.aten
 _VIEWS = (_aten.select.int, _aten.slice.Tensor, _aten.view.default, _aten.reshape.default)
 
@@ -92,10 +93,11 @@ def plan_steps(graph: torch.fx.Graph) -> int:
     count = 0
     for node in list(graph.nodes):
         op = _op(node)
-        if op in _ATTENTION_OPS:
+        if op in _ATTENTION_OPS or op == _CHUNKED:
             q, k_cache, v_cache, page_table, query_start, positions, scale, window = node.args[:8]
-            key = ("attention", page_table, query_start, positions, window, _root(k_cache))
-            shared = plan(key, node, plan_attention, (page_table, query_start, positions, window, k_cache))
+            chunk = node.args[8] if op == _CHUNKED else 0
+            key = ("attention", page_table, query_start, positions, window, chunk, _root(k_cache))
+            shared = plan(key, node, plan_attention, (page_table, query_start, positions, window, k_cache, chunk))
             node.target, node.args = cpu_bodies.attention_planned, (q, k_cache, v_cache, shared, scale)
         elif op == "helios::rotary_cache_write":
             q, k, v, cos, sin, k_cache, v_cache, slot_mapping = node.args
