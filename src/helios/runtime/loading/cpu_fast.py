@@ -33,7 +33,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._pytree import tree_leaves
 
 from helios.abi import cpu_bodies
-from helios.abi.paged_reference import plan_attention
+from helios.abi.paged_reference import attend, plan_attention
 from helios.runtime.loading.fast_calls import bind_fast_calls
 from helios.runtime.loading.repeated_calls import merge_repeated_calls
 
@@ -95,10 +95,12 @@ def plan_steps(graph: torch.fx.Graph) -> int:
         op = _op(node)
         if op in _ATTENTION_OPS or op == _CHUNKED:
             q, k_cache, v_cache, page_table, query_start, positions, scale, window = node.args[:8]
-            chunk = node.args[8] if op == _CHUNKED else 0
+            chunk = node.args[8] if op == _CHUNKED else 0  # (>= 1: the op refuses less)
             key = ("attention", page_table, query_start, positions, window, chunk, _root(k_cache))
-            shared = plan(key, node, plan_attention, (page_table, query_start, positions, window, k_cache, chunk))
-            node.target, node.args = cpu_bodies.attention_planned, (q, k_cache, v_cache, shared, scale)
+            args = (page_table, query_start, positions, window, k_cache) + ((chunk,) if chunk else ())
+            shared = plan(key, node, plan_attention, args)
+            body = chunked_attention_planned if chunk else cpu_bodies.attention_planned
+            node.target, node.args = body, (q, k_cache, v_cache, shared, scale)
         elif op == "helios::rotary_cache_write":
             q, k, v, cos, sin, k_cache, v_cache, slot_mapping = node.args
             slots = plan(("slots", slot_mapping), node, cpu_bodies.plan_slots, (slot_mapping,))
@@ -112,6 +114,13 @@ def plan_steps(graph: torch.fx.Graph) -> int:
             continue
         count += 1
     return count
+
+
+def chunked_attention_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan, scale: float):
+    """``helios::paged_attention_chunked`` over its step plan (the chunk is the plan's). A body of its own,
+    not `cpu_bodies.attention_planned`: the decode kernel binding (`decode_attention_kernel`) rebinds
+    that one and its plans to a kernel that knows windows, not chunks."""
+    return attend(plan, q, k_cache, v_cache, scale)
 
 
 def _root(node) -> torch.fx.Node | None:
