@@ -73,8 +73,9 @@ def draw_nemotron_h(seed: int) -> Variant:
     """Nemotron-H: 3-6 blocks of Mamba2 (M), attention (*), relu^2 MLP (-) and experts (E), mostly
     starting with a mixer (rarely an MLP first or in a row: refused), sometimes as the legacy
     ``hybrid_override_pattern``; 4-8 experts in 1-2 groups, top-1/2, renormalised or not, scaled,
-    the shared expert; Mamba2 heads whose width need not be a multiple of hidden, groups, state,
-    kernel, biases, a step limit; an explicit head_dim; MLP biases (refused beside experts)."""
+    sometimes in a latent (``moe_latent_size``), the shared expert; Mamba2 heads whose width need not
+    be a multiple of hidden, groups, state, kernel, biases, a step limit; an explicit head_dim; MLP
+    biases (refused beside experts)."""
     rng = random.Random(f"nemotron_h-{seed}")
     blocks = [_choice(rng, "M*")]
     while len(blocks) < _choice(rng, (3, 4, 5, 6)):
@@ -100,7 +101,8 @@ def draw_nemotron_h(seed: int) -> Variant:
                   moe_intermediate_size=_choice(rng, (16, 32)),
                   moe_shared_expert_intermediate_size=_choice(rng, (16, 32)),
                   n_group=_choice(rng, (1, 2)), topk_group=1, norm_topk_prob=rng.random() < 0.7,
-                  routed_scaling_factor=_choice(rng, (1.0, 2.5)), **geometry)
+                  routed_scaling_factor=_choice(rng, (1.0, 2.5)), moe_latent_size=_choice(rng, (None, None, 16)),
+                  **geometry)
     legacy = (("layers_block_type", None), ("hybrid_override_pattern", pattern)) if rng.random() < 0.3 else ()
     return Variant(Family(f"nemotron_h-{seed}", transformers.NemotronHConfig, tuple(config.items())), legacy,
                    rng.random() < 0.3)

@@ -25,7 +25,7 @@ from helios.ignition.recipes.defaults import REFERENCE_DEFAULTS
 from helios.ignition.recipes.nemotron_h import paired_blocks
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import NEMOTRON_H, NEMOTRON_H_MOE, rewritten_checkpoint
+from .hf_checkpoints import NEMOTRON_H, NEMOTRON_H_MOE, random_model, rewritten_checkpoint, write_checkpoint
 from .test_granitemoehybrid_recipe import assert_chunked_prompt_matches, prepare_hybrid
 
 
@@ -139,6 +139,29 @@ def test_model_prefixed_and_multi_token_prediction_tensors(prepared, tmp_path):
         load_checkpoint(checkpoint)
 
 
+def test_latent_experts_match_transformers_and_sum_over_two_ranks(tmp_path):
+    """moe_latent_size (Nemotron 3 Super's latent experts): the experts work in 24 dims between the
+    fc1 / fc2 latent projections; prefill logits equal the reference's, two ranks' blocks sum to one's."""
+    from helios.ignition.decoder import moe_block
+    from helios.ignition.sharding import rank_architecture, rank_weights
+
+    family = dataclasses.replace(NEMOTRON_H_MOE, name="nemotron_h_latent", overrides=(
+        *NEMOTRON_H_MOE.overrides, ("moe_latent_size", 24)))
+    reference = random_model(family)
+    recipe = load_checkpoint(write_checkpoint(reference, tmp_path / "checkpoint"))
+    arch, weights = recipe.architecture, dict(recipe.weights)
+    assert arch.moe.latent_size == 24 and weights["layers.0.experts.up"].shape == (8, 32, 24)
+    prompt = equivalence.random_prompt(19, seed=5)
+    ours = equivalence.prefill_logits(arch, recipe.weight_tensors, prompt)
+    with torch.no_grad():
+        expected = reference(torch.tensor([prompt])).logits[0, -1]
+    assert equivalence.relative_error(ours, expected) < equivalence.TOLERANCE
+    hidden = torch.randn(5, arch.hidden_size, generator=torch.Generator().manual_seed(0))
+    shard = rank_architecture(arch, 2)
+    total = sum(moe_block(shard, dict(rank_weights(recipe, 2, rank)), "layers.0.", hidden).value for rank in range(2))
+    torch.testing.assert_close(total, moe_block(arch, weights, "layers.0.", hidden))
+
+
 def test_config_defaults_are_the_config_class_defaults():
     reference = transformers.NemotronHConfig()
     for key, value in REFERENCE_DEFAULTS["NemotronHForCausalLM"].items():
@@ -146,8 +169,6 @@ def test_config_defaults_are_the_config_class_defaults():
 
 
 REFUSED = {
-    "latent experts": (dict(layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention",
-                                               "mlp"], moe_latent_size=32), "moe_latent_size"),
     "experts beside MLP biases": (dict(layers_block_type=["linear_attention", "moe", "full_attention", "mlp",
                                                           "linear_attention", "mlp"]), "mlp_bias"),
     "an MLP block first": (dict(layers_block_type=["mlp", "linear_attention", "full_attention", "linear_attention",

@@ -30,7 +30,10 @@ Mixture-of-experts layers (``arch.moe``, the layers in ``moe.sparse_layers``) re
   Non-gated experts (``moe.activation`` "relu2", Nemotron-H: relu(up x)^2) hold ``layers.i.experts.up``
   [E, F, H] (and ``experts.up_bias`` [E, F]) instead of ``experts.gate_up``, their shared expert
   ``shared.up.weight`` [S, H] instead of ``shared.gate_up.weight``; it and the dense layers are then the
-  non-gated MLP (``gated_mlp`` False) of the same activation.
+  non-gated MLP (``gated_mlp`` False) of the same activation. With ``moe.latent_size`` L > 0 (Nemotron-H's
+  latent experts) the routed experts work in L dims: ``layers.i.latent_in.weight`` [L, H] before the expert
+  slots projects their input, ``layers.i.latent_out.weight`` [H, L] after them their weighted sum (the
+  router and the shared expert read the layer's input as it is); expert shapes take L for H.
 
 Multi-head latent attention (``latent`` set, DeepSeek-V2/V3): a layer's attention weights are instead
 ``layers.i.q.weight`` [Hq (Dn + Dr), H] or, with a query rank Q, ``layers.i.q_a.weight`` [Q, H],
@@ -162,6 +165,7 @@ class MixtureOfExperts:
     shared_gate: bool = False  # the shared expert's output scaled by sigmoid(x . shared.gate) (Qwen2-MoE)
     jitter_eps: float = 0.0  # sparsemixer only: its masking threshold (PhiMoE's router_jitter_noise)
     input_weighted: bool = False  # each routing weight scales its expert's input, not its output (Llama 4)
+    latent_size: int = 0  # > 0: the routed experts work in a latent of this width (Nemotron-H's moe_latent_size)
 
     @property
     def is_gated(self) -> bool:
@@ -192,6 +196,8 @@ class MixtureOfExperts:
             raise CheckpointError(f"sparsemixer routing picks 2 experts of one group, with no router or correction "
                                   f"bias and a finite jitter_eps >= 0 (got {self.experts_per_token} experts per token, "
                                   f"jitter_eps {self.jitter_eps})")
+        if self.latent_size < 0 or (self.latent_size and self.input_weighted):
+            raise CheckpointError(f"latent_size {self.latent_size} must be >= 0 (and not with input_weighted)")
         if self.shared_gate and not self.shared_intermediate_size:
             raise CheckpointError("shared_gate needs a shared expert (shared_intermediate_size > 0)")
 
@@ -621,13 +627,18 @@ def _moe_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
         slots.append(WeightSlot(prefix + "router.bias", (experts,), "float32"))
     if moe.correction_bias:
         slots.append(WeightSlot(prefix + "router.correction_bias", (experts,), "float32"))
+    width = moe.latent_size or hidden  # the experts' input and output width
+    if moe.latent_size:
+        slots.append(_slot(prefix + "latent_in.weight", arch, width, hidden))
     first, rows = ("experts.gate_up", 2 * ff) if moe.is_gated else ("experts.up", ff)  # non-gated: up rows alone
-    slots.append(_slot(prefix + first, arch, experts, rows, hidden))
+    slots.append(_slot(prefix + first, arch, experts, rows, width))
     if moe.expert_bias:
         slots.append(_slot(prefix + first + "_bias", arch, experts, rows))
-    slots.append(_slot(prefix + "experts.down", arch, experts, hidden, ff))
+    slots.append(_slot(prefix + "experts.down", arch, experts, width, ff))
     if moe.expert_bias:
-        slots.append(_slot(prefix + "experts.down_bias", arch, experts, hidden))
+        slots.append(_slot(prefix + "experts.down_bias", arch, experts, width))
+    if moe.latent_size:
+        slots.append(_slot(prefix + "latent_out.weight", arch, hidden, width))
     if shared:
         first, rows = ("shared.gate_up.weight", 2 * shared) if moe.is_gated else ("shared.up.weight", shared)
         slots += [_slot(prefix + first, arch, rows, hidden), _slot(prefix + "shared.down.weight", arch, hidden, shared)]

@@ -304,6 +304,9 @@ def moe_block(arch: Architecture, w: Mapping[str, torch.Tensor], prefix: str, hi
         outs = [torch.ops.helios.moe_experts((hidden * weights[:, k:k + 1]).to(hidden.dtype), ones, ids[:, k:k + 1],
                                              *experts) for k in range(moe.experts_per_token)]
         out = outs[0] if len(outs) == 1 else torch.stack(outs).sum(0)
+    elif moe.latent_size:  # Nemotron-H: experts in a latent (linear both ways: a rank's share sums as it is)
+        latent = F.linear(hidden, w[prefix + "latent_in.weight"])
+        out = F.linear(torch.ops.helios.moe_experts(latent, weights, ids, *experts), w[prefix + "latent_out.weight"])
     else:
         out = torch.ops.helios.moe_experts(hidden, weights, ids, *experts)
     if moe.shared_intermediate_size:

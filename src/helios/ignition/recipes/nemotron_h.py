@@ -16,11 +16,12 @@ A "moe" block is a layer's mixture of experts: DeepSeek-V3's sigmoid routing (``
 ``e_score_correction_bias`` choice bias, ``n_group`` / ``topk_group``, ``norm_topk_prob``,
 ``routed_scaling_factor``), non-gated relu2 experts (``experts.{e}.up_proj`` / ``down_proj``, or
 stacked ``experts.up_proj`` / ``down_proj``: `helios::moe_experts` "relu2") and the relu2 shared
-expert ``shared_experts`` of ``moe_shared_expert_intermediate_size``.
+expert ``shared_experts`` of ``moe_shared_expert_intermediate_size``; with ``moe_latent_size`` the
+routed experts work in that latent (``fc1_latent_proj`` / ``fc2_latent_proj``, `MixtureOfExperts.latent_size`).
 
 Refused by name: an MLP or MoE block that follows no mixer or attention block, a stack without a
-Mamba2 or an attention block, other activations, the latent expert projections
-(``moe_latent_size``) and MLP biases beside experts (the shared expert has no bias slots).
+Mamba2 or an attention block, other activations and MLP biases beside experts (the shared expert
+and the latent projections have no bias slots).
 Checkpoint tensors live under ``backbone.`` (the released spelling) or ``model.``; multi-token
 prediction tensors (``mtp.``) are not served and skipped, as the reference skips them.
 """
@@ -124,17 +125,14 @@ def _mixture(config: Mapping[str, Any], kinds: tuple[str, ...], pairs) -> Mixtur
     sparse = tuple(layer for layer, (_, block) in enumerate(pairs) if block is not None and kinds[block] == MOE)
     if not sparse:
         return None
-    if config.get("moe_latent_size") is not None:
-        raise UnsupportedCheckpoint(f"config.json: moe_latent_size {config['moe_latent_size']!r} is not supported "
-                                    f"(only null: experts of the whole hidden state)")
     if config.get("mlp_bias"):
         raise UnsupportedCheckpoint("config.json: mlp_bias true beside moe blocks is not supported (the shared "
-                                    "expert's biases)")
+                                    "expert's and latent projections' biases)")
     return MixtureOfExperts(
         int(config["n_routed_experts"]), int(config["num_experts_per_tok"]), int(config["moe_intermediate_size"]),
         sparse, scoring="sigmoid", num_groups=int(config["n_group"]), topk_groups=int(config["topk_group"]),
         normalize=bool(config["norm_topk_prob"]), scale=float(config["routed_scaling_factor"]),
-        correction_bias=True, activation="relu2",
+        correction_bias=True, activation="relu2", latent_size=int(config.get("moe_latent_size") or 0),
         # NemotronHMLP's width: intermediate_size where the shared width is 0 or null
         shared_intermediate_size=int(config["moe_shared_expert_intermediate_size"] or config["intermediate_size"]))
 
@@ -171,7 +169,8 @@ def prepared_weights(arch: Architecture, pairs, tensors: CheckpointTensors, pref
         elif mlp is not None:
             weights += _mlp_weights(arch, layer, f"{prefix}layers.{mlp}.", take, tensors)
     weights += [NamedWeight("final_norm", take(prefix + "norm_f.weight")),
-                NamedWeight("lm_head", take("lm_head.weight")), NamedWeight("rope.inv_freq", torch.zeros(arch.head_dim // 2))]
+                NamedWeight("lm_head", take("lm_head.weight")),
+                NamedWeight("rope.inv_freq", torch.zeros(arch.head_dim // 2))]
     return tuple(weights), used
 
 
@@ -199,9 +198,13 @@ def _moe_weights(arch: Architecture, layer: int, src: str, take, tensors: Checkp
 
     out = [NamedWeight(dst + "post_norm", take(src + "norm.weight")),
            NamedWeight(dst + "router.weight", take(moe + "gate.weight").float()),
-           NamedWeight(dst + "router.correction_bias", take(moe + "gate.e_score_correction_bias").float()),
-           NamedWeight(dst + "experts.up", experts("up_proj").contiguous()),
-           NamedWeight(dst + "experts.down", experts("down_proj").contiguous())]
+           NamedWeight(dst + "router.correction_bias", take(moe + "gate.e_score_correction_bias").float())]
+    if arch.moe.latent_size:
+        out.append(NamedWeight(dst + "latent_in.weight", take(moe + "fc1_latent_proj.weight")))
+    out += [NamedWeight(dst + "experts.up", experts("up_proj").contiguous()),
+            NamedWeight(dst + "experts.down", experts("down_proj").contiguous())]
+    if arch.moe.latent_size:
+        out.append(NamedWeight(dst + "latent_out.weight", take(moe + "fc2_latent_proj.weight")))
     if arch.moe.shared_intermediate_size:
         out += [NamedWeight(dst + "shared.up.weight", take(moe + "shared_experts.up_proj.weight")),
                 NamedWeight(dst + "shared.down.weight", take(moe + "shared_experts.down_proj.weight"))]
