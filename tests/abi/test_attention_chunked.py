@@ -8,11 +8,6 @@ c // chunk == p // chunk (and inside a window where one is given too).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -21,6 +16,7 @@ from helios.abi import attention_chunked  # noqa: F401  (registers the op)
 from helios.abi.attention import AbiArgumentError
 
 from test_triton_attention import DECODE_CACHED, DECODE_LENS, MIXED_CACHED, MIXED_LENS, SCALE, make_batch
+from support.hopper_compile import compile_for_hopper
 
 OPS = torch.ops.helios
 
@@ -105,10 +101,7 @@ def test_the_triton_kernel_matches_the_reference(lens, cached, chunk, window, sh
 
 def test_the_triton_kernel_compiles_for_hopper():
     """The compiler, stricter than the interpreter, accepts the kernel (PTX and ptxas, sm_90)."""
-    script = Path(__file__).with_name("compile_chunked_kernels.py")
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout + result.stderr
+    compile_for_hopper("compile_chunked_kernels.py")
 
 
 def test_the_op_has_a_cuda_kernel_registered():

@@ -8,11 +8,7 @@ and page-table entries past a row's last page point at a NaN page.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +22,7 @@ if not ON_CUDA:
 from helios.abi import latent_attention as _latent  # noqa: E402,F401  (registers the reference ops)
 from helios.abi import triton_latent as kernels  # noqa: E402
 from helios.abi.registry import AbiArgumentError  # noqa: E402
+from support.hopper_compile import compile_for_hopper  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
 SCALE = 0.2
@@ -209,11 +206,7 @@ def test_kernel_bfloat16_with_more_splits_than_a_short_context_fills():
 
 def test_kernels_compile_for_hopper():
     """The compiler, stricter than the interpreter, accepts both kernels (PTX and ptxas, sm_90)."""
-    script = Path(__file__).with_name("compile_latent_kernels.py")
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout + result.stderr
+    compile_for_hopper("compile_latent_kernels.py")
 
 
 def test_split_count_comes_from_shapes_only():

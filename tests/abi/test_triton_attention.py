@@ -12,11 +12,7 @@ so a kernel that reads anything it should not returns NaN. Padding tokens carry 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +25,7 @@ if not ON_CUDA:
 
 from helios.abi import attention as _attention  # noqa: E402,F401  (registers the reference ops)
 from helios.abi import triton_attention as kernels  # noqa: E402
+from support.hopper_compile import compile_for_hopper  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
 SCALE = 0.3
@@ -305,10 +302,7 @@ def test_cache_write_matches_reference_and_skips_negative_slots():
 
 def test_kernels_compile_for_hopper():
     """The compiler, stricter than the interpreter, accepts every kernel (PTX and ptxas, sm_90)."""
-    script = Path(__file__).with_name("compile_attention_kernels.py")
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout + result.stderr
+    compile_for_hopper("compile_attention_kernels.py")
 
 
 def test_ops_have_cuda_kernels_registered():

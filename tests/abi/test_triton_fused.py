@@ -8,11 +8,6 @@ float32 agrees to ~1e-6 and bfloat16 to one unit in the last place at most.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -25,6 +20,7 @@ if not ON_CUDA:
 from helios.abi import fused  # noqa: E402
 from helios.abi.registry import AbiArgumentError  # noqa: E402
 from helios.abi.triton_fused import triton_rms_norm, triton_rotary_cache_write, triton_silu_mul  # noqa: E402
+from support.hopper_compile import compile_for_hopper  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
 OPS = torch.ops.helios
@@ -149,10 +145,7 @@ def test_bad_arguments_are_typed_errors():
 def test_kernels_compile_for_hopper():
     """The compiler, stricter than the interpreter, accepts the fused and greedy sampling kernels
     (PTX and ptxas, sm_90), without a GPU."""
-    script = Path(__file__).with_name("compile_fused_kernels.py")
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout + result.stderr
+    compile_for_hopper("compile_fused_kernels.py")
 
 
 def test_ops_have_cuda_kernels_registered():

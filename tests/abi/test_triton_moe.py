@@ -6,11 +6,6 @@ triton is first imported; see test_triton_attention.py); with CUDA they run comp
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -24,6 +19,7 @@ from helios.abi import moe  # noqa: E402,F401  (registers the reference ops)
 from helios.abi import triton_moe as kernels  # noqa: E402
 from helios.abi.moe_tiles import KernelTiles, LaunchTiles, default_tiles  # noqa: E402
 from support.moe_inputs import expert_inputs, route_logits  # noqa: E402
+from support.hopper_compile import compile_for_hopper  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
@@ -108,11 +104,7 @@ def test_device_schedule_equals_the_torch_schedule(tokens, experts, top_k, rows)
 
 def test_kernels_compile_for_hopper():
     """The compiler, stricter than the interpreter, accepts every kernel (PTX and ptxas, sm_90)."""
-    script = Path(__file__).with_name("compile_moe_kernels.py")
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout + result.stderr
+    compile_for_hopper("compile_moe_kernels.py")
 
 
 def test_expert_op_has_a_cuda_kernel_registered():
