@@ -54,6 +54,17 @@ def prefill_logits(arch: Architecture, weights, prompt: list[int]) -> torch.Tens
     return model.run(Operation.PREFILL, [RowWork(sequence, tuple(prompt), 0, sample=True)])["logits"][0]
 
 
+def assert_change_matters(prepared, prompt: list[int], arch: Architecture | None = None, weights=None) -> None:
+    """The prepared recipe's prefill logits of `prompt` are the reference's within TOLERANCE, and with `arch`
+    and / or `weights` in place of the prepared ones (a switch turned off, tensors reordered or swapped) they
+    are more than ten times TOLERANCE off: what was changed matters."""
+    recipe = prepared.recipe
+    expected = reference_last_logits(prepared, prompt)
+    assert relative_error(prefill_logits(recipe.architecture, recipe.weight_tensors, prompt), expected) < TOLERANCE
+    changed = prefill_logits(arch or recipe.architecture, recipe.weight_tensors if weights is None else weights, prompt)
+    assert relative_error(changed, expected) > 10 * TOLERANCE
+
+
 def layout_tensors(recipe, arch: Architecture) -> list[torch.Tensor]:
     """The recipe's weight tensors that `arch`'s layout names, in order (for an `arch` with a switch
     turned off that drops slots)."""

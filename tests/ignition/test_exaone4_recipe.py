@@ -47,14 +47,8 @@ def test_the_prepared_weights_are_the_references(prepared):
 
 def test_the_unrotated_global_layer_matters(prepared):
     """Rotating the global layer too moves the logits off the reference's by more than ten times the tolerance."""
-    arch, recipe = prepared.recipe.architecture, prepared.recipe
-    prompt = equivalence.random_prompt(13, seed=1)
-    expected = equivalence.reference_last_logits(prepared, prompt)
-    assert equivalence.relative_error(equivalence.prefill_logits(arch, recipe.weight_tensors, prompt),
-                                      expected) < 1e-4
-    rotated = dataclasses.replace(arch, nope_layers=())
-    logits = equivalence.prefill_logits(rotated, recipe.weight_tensors, prompt)
-    assert equivalence.relative_error(logits, expected) > 10 * equivalence.TOLERANCE
+    rotated = dataclasses.replace(prepared.recipe.architecture, nope_layers=())
+    equivalence.assert_change_matters(prepared, equivalence.random_prompt(13, seed=1), arch=rotated)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -53,12 +53,9 @@ def test_the_fused_qkv_rows_are_the_references_q_k_and_v(prepared):
 def test_the_mlps_own_norm_matters(prepared):
     """The MLP reading input_norm's output (Phi's parallel block) moves the logits by more than ten times the
     tolerance."""
-    arch, recipe = prepared.recipe.architecture, prepared.recipe
-    prompt = equivalence.random_prompt(13, seed=1)
-    expected = equivalence.reference_last_logits(prepared, prompt)
-    shared = dataclasses.replace(arch, parallel_mlp_norm=False)
-    logits = equivalence.prefill_logits(shared, equivalence.layout_tensors(recipe, shared), prompt)
-    assert equivalence.relative_error(logits, expected) > 10 * equivalence.TOLERANCE
+    shared = dataclasses.replace(prepared.recipe.architecture, parallel_mlp_norm=False)
+    equivalence.assert_change_matters(prepared, equivalence.random_prompt(13, seed=1), arch=shared,
+                                      weights=equivalence.layout_tensors(prepared.recipe, shared))
 
 
 def _eager_check(reference, directory) -> None:

@@ -56,17 +56,13 @@ def test_the_prepared_layout_and_switches(prepared):
 def test_each_switch_matters(prepared, switch):
     """Without chunks, the temperature, the input weighting or the q/k norms the prefill logits of a
     prompt crossing a chunk boundary leave the reference's."""
-    recipe, prompt = prepared.recipe, equivalence.random_prompt(20, seed=11)
-    arch = recipe.architecture
+    recipe, arch = prepared.recipe, prepared.recipe.architecture
     changes = {"layer_chunks": dict(layer_chunks=()), "query_temperature": dict(query_temperature=None),
                "input_weighted": dict(moe=dataclasses.replace(arch.moe, input_weighted=False)),
                "qk_norm": dict(qk_norm=False, qk_norm_after_rotary=False, qk_unnormed_layers=())}[switch]
     changed = dataclasses.replace(arch, **changes)
-    reference = equivalence.reference_last_logits(prepared, prompt)
-    assert equivalence.relative_error(equivalence.prefill_logits(arch, recipe.weight_tensors, prompt),
-                                      reference) < equivalence.TOLERANCE
-    ours = equivalence.prefill_logits(changed, equivalence.layout_tensors(recipe, changed), prompt)
-    assert equivalence.relative_error(ours, reference) > 1e-3
+    equivalence.assert_change_matters(prepared, equivalence.random_prompt(20, seed=11), arch=changed,
+                                      weights=equivalence.layout_tensors(recipe, changed))
 
 
 def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path):
