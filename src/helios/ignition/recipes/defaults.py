@@ -16,6 +16,11 @@ from typing import Any, Mapping
 _GROUPED_QWEN = {"max_window_layers": 28, "num_key_value_heads": 32, "sliding_window": 4096}
 _COHERE_GEOMETRY = {"vocab_size": 256_000, "hidden_size": 8192, "intermediate_size": 22_528,
                     "num_hidden_layers": 40, "num_attention_heads": 64}
+_DEEPSEEK_V32 = {"n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_group": 8,
+                 "topk_group": 4, "n_shared_experts": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+                 "first_k_dense_replace": 3, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                 "qk_nope_head_dim": 128, "v_head_dim": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 163_840,
+                 "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64}
 REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
     "MistralForCausalLM": {"sliding_window": 4096, "num_key_value_heads": 8},
     "Qwen2ForCausalLM": _GROUPED_QWEN,
@@ -59,18 +64,10 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                                "norm_topk_prob": True, "q_lora_rank": 768, "kv_lora_rank": 512,
                                "qk_rope_head_dim": 64, "qk_nope_head_dim": 192, "v_head_dim": 256,
                                "rms_norm_eps": 1e-5, "max_position_embeddings": 202_752, "rope_interleave": True},
-    "DeepseekV32ForCausalLM": {"n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
-                               "n_group": 8, "topk_group": 4, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
-                               "norm_topk_prob": True, "first_k_dense_replace": 3, "q_lora_rank": 1536,
-                               "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
-                               "rms_norm_eps": 1e-6, "max_position_embeddings": 163_840, "index_topk": 2048,
-                               "index_head_dim": 128, "index_n_heads": 64},
-    "GlmMoeDsaForCausalLM": {"n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
-                             "n_group": 1, "topk_group": 1, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
-                             "norm_topk_prob": True, "first_k_dense_replace": 3, "q_lora_rank": 2048,
-                             "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 192, "v_head_dim": 256,
-                             "rms_norm_eps": 1e-5, "max_position_embeddings": 202_752, "index_topk": 2048,
-                             "index_head_dim": 128, "index_n_heads": 32},
+    "DeepseekV32ForCausalLM": _DEEPSEEK_V32,
+    "GlmMoeDsaForCausalLM": {**_DEEPSEEK_V32, "n_group": 1, "topk_group": 1, "q_lora_rank": 2048,
+                             "qk_nope_head_dim": 192, "v_head_dim": 256, "rms_norm_eps": 1e-5,
+                             "max_position_embeddings": 202_752, "index_n_heads": 32},
     "YoutuForCausalLM": {"num_key_value_heads": 16, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
                          "qk_nope_head_dim": 128, "v_head_dim": 128, "tie_word_embeddings": True,
                          "max_position_embeddings": 131_072, "rope_interleave": True},
@@ -139,10 +136,6 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
                               "num_hidden_layers": 34, "num_attention_heads": 32, "num_key_value_heads": 8,
                               "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
                               "max_position_embeddings": 262_144},
-    "GlmForCausalLM": {"vocab_size": 151_552, "hidden_size": 4096, "intermediate_size": 13_696,
-                       "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
-                       "hidden_act": "silu", "rms_norm_eps": 1.5625e-7, "tie_word_embeddings": False,
-                       "partial_rotary_factor": 0.5, "max_position_embeddings": 131_072},
     "Glm4ForCausalLM": {"vocab_size": 151_552, "hidden_size": 4096, "intermediate_size": 13_696,
                         "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
                         "hidden_act": "silu", "rms_norm_eps": 1.5625e-7, "tie_word_embeddings": False,
@@ -204,6 +197,7 @@ REFERENCE_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 REFERENCE_DEFAULTS["VaultGemmaForCausalLM"] = REFERENCE_DEFAULTS["Gemma2ForCausalLM"]  # VaultGemmaConfig's are Gemma 2's
+REFERENCE_DEFAULTS["GlmForCausalLM"] = REFERENCE_DEFAULTS["Glm4ForCausalLM"]  # GlmConfig's are Glm4Config's
 
 
 def with_reference_defaults(source: str, config: Mapping[str, Any]) -> dict[str, Any]:
