@@ -35,15 +35,13 @@ from helios.ignition.recipes.checkpoint import CheckpointTensors
 ARCHITECTURES = ("Ernie4_5_MoeForCausalLM",)
 _NAMES = moe.ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj",
                          correction_bias="moe_statics.e_score_correction_bias")
-_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "layer_types")  # the reference reads none of them
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
     if config.get("use_bias"):
         raise UnsupportedCheckpoint("config.json: use_bias true is not supported (the shared experts' and the lm "
                                     "head's biases have no slot)")
-    base = llama.architecture_from_config(
-        source, {k: v for k, v in config.items() if k not in _WINDOW_KEYS}, tensors, dtype)
+    base = llama.architecture_from_config(source, config, tensors, dtype)
     experts = _mixture(config, base.num_layers)
     dense = len(experts.sparse_layers) < base.num_layers
     arch = dataclasses.replace(base, moe=experts, intermediate_size=base.intermediate_size if dense else 0)

@@ -28,7 +28,6 @@ from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpo
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 
 ARCHITECTURES = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
-_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "layer_types")  # the reference reads none of them
 _RESIDUAL_OUTPUTS = ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "block_sparse_moe.output_linear.weight",
                      "block_sparse_moe.experts.down_proj", "shared_mlp.output_linear.weight")
 # (checkpoint name, transformers' in-memory name) of each sparse-block tensor, under the layer prefix
@@ -41,8 +40,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     if "head_dim" in config and config["head_dim"] is None:  # GraniteMoeAttention sizes heads by it when present
         raise UnsupportedCheckpoint("config.json: head_dim is null, which the Granite reference cannot size heads by")
     multipliers = granite.read_multipliers(config)
-    base = llama.architecture_from_config(
-        source, {k: v for k, v in config.items() if k not in _WINDOW_KEYS}, tensors, dtype)
+    base = llama.architecture_from_config(source, config, tensors, dtype)
     shared = int(config.get("shared_intermediate_size") or 0) if source == "GraniteMoeSharedForCausalLM" else 0
     experts = MixtureOfExperts(int(config["num_local_experts"]), int(config["num_experts_per_tok"]),
                                int(config["intermediate_size"]), tuple(range(base.num_layers)),

@@ -36,7 +36,6 @@ from helios.ignition.recipes.checkpoint import CheckpointTensors
 ARCHITECTURES = ("MiniMaxM2ForCausalLM",)
 _NAMES = moe.ExpertNames("block_sparse_moe.", "w1", "w3", "w2", router="gate.weight",
                          correction_bias="e_score_correction_bias")
-_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "layer_types")  # the reference reads none of them
 # MiniMaxM2Config's defaults for the keys this recipe reads.
 _DEFAULTS = {"rope_theta": 5000000.0, "rms_norm_eps": 1e-6, "head_dim": 128, "num_key_value_heads": 8,
              "num_experts_per_tok": 8, "num_local_experts": 256, "intermediate_size": 1536}
@@ -45,8 +44,7 @@ _NORMS = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
     config = _with_rotary_factor({**_DEFAULTS, **config})
-    base = llama.architecture_from_config(
-        source, {k: v for k, v in config.items() if k not in _WINDOW_KEYS}, tensors, dtype)
+    base = llama.architecture_from_config(source, config, tensors, dtype)
     if not base.qk_norm:
         raise UnsupportedCheckpoint(f"{source} checkpoint has no q/k norm tensors (self_attn.q_norm.weight), "
                                     f"which every MiniMax-M2 layer holds")

@@ -27,13 +27,11 @@ from helios.ignition.recipes.checkpoint import CheckpointTensors
 
 ARCHITECTURES = ("OlmoeForCausalLM",)
 _NAMES = moe.ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj")
-_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "layer_types")  # the reference reads none of them
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
     _refuse_unsupported(config)
-    base = llama.architecture_from_config(
-        source, {k: v for k, v in config.items() if k not in _WINDOW_KEYS}, tensors, dtype)
+    base = llama.architecture_from_config(source, config, tensors, dtype)
     if not base.qk_norm:
         raise UnsupportedCheckpoint(f"{source} checkpoint has no q/k norm tensors (self_attn.q_norm.weight), "
                                     f"which every OLMoE layer holds")
