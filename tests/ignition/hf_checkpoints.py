@@ -12,8 +12,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
+
+from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 _BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=512)
@@ -568,6 +571,12 @@ def rewritten_checkpoint(directory: Path, tmp_path: Path, edit) -> Path:
     edit(config)
     path.write_text(json.dumps(config))
     return copy
+
+
+def assert_refused(directory: Path, tmp_path: Path, edit, setting: str, error: type = UnsupportedCheckpoint) -> None:
+    """Preparing a copy of checkpoint `directory` whose config.json `edit` changed raises `error` naming `setting`."""
+    with pytest.raises(error, match=setting):
+        load_checkpoint(rewritten_checkpoint(directory, tmp_path, edit))
 
 
 def _draw(name: str, parameter: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

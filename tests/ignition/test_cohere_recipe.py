@@ -19,12 +19,13 @@ import torch
 
 from helios.ignition.architecture import weight_layout
 from helios.ignition.program_spec import Operation
-from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+from helios.ignition.recipes import load_checkpoint
 from helios.ignition.recipes.glm4 import rotary_layout
 
 from . import test_equivalence as equivalence
 from .conftest import PAGE_TOKENS, VARIANTS
-from .hf_checkpoints import COHERE, COHERE_FAMILIES, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import (COHERE, COHERE_FAMILIES, assert_refused, random_model, rewritten_checkpoint,
+                             write_checkpoint)
 
 
 @pytest.fixture(scope="module", params=COHERE_FAMILIES, ids=lambda family: family.name)
@@ -167,5 +168,4 @@ REFUSED = {
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unsupported_cohere_settings_are_refused_by_name(checkpoints, tmp_path, case):
     family, edit, setting = REFUSED[case]
-    with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoints[family], tmp_path, edit))
+    assert_refused(checkpoints[family], tmp_path, edit, setting)

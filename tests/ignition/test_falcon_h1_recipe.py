@@ -18,11 +18,10 @@ import torch
 import transformers
 
 from helios.ignition.architecture import CheckpointError, weight_layout
-from helios.ignition.recipes import load_checkpoint
 from helios.ignition.recipes.defaults import REFERENCE_DEFAULTS
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import FALCON_H1, FALCON_H1_FAMILIES, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import FALCON_H1, FALCON_H1_FAMILIES, assert_refused, random_model, write_checkpoint
 from .test_granitemoehybrid_recipe import assert_chunked_prompt_matches, prepare_hybrid
 
 
@@ -101,5 +100,4 @@ def checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unsupported_settings_are_refused_by_name(checkpoint, tmp_path, case):
     changes, setting = REFUSED[case]
-    with pytest.raises(CheckpointError, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, lambda config: config.update(changes)))
+    assert_refused(checkpoint, tmp_path, lambda config: config.update(changes), setting, error=CheckpointError)

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from helios.ignition.architecture import Architecture, CheckpointError, weight_layout
-from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+from helios.ignition.recipes import load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import (GEMMA3, GEMMA3_CAPPED, GEMMA3_FAMILIES, Family, random_model, rewritten_checkpoint,
-                             write_checkpoint)
+from .hf_checkpoints import (GEMMA3, GEMMA3_CAPPED, GEMMA3_FAMILIES, Family, assert_refused, random_model,
+                             rewritten_checkpoint, write_checkpoint)
 
 
 @pytest.fixture(scope="module", params=GEMMA3_FAMILIES, ids=lambda family: family.name)
@@ -183,9 +183,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unsupported_gemma3_settings_are_refused_by_name(checkpoint, tmp_path, case):
-    edit, setting = REFUSED[case]
-    with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
+    assert_refused(checkpoint, tmp_path, *REFUSED[case])
 
 
 _GOOD = dict(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1,

@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from helios.ignition.architecture import CheckpointError, weight_layout
-from helios.ignition.recipes import SUPPORTED_ARCHITECTURES, UnsupportedCheckpoint, load_checkpoint
+from helios.ignition.recipes import SUPPORTED_ARCHITECTURES, load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import GEMMA2, GEMMA_FAMILIES, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import GEMMA2, GEMMA_FAMILIES, assert_refused, random_model, rewritten_checkpoint, write_checkpoint
 
 
 @pytest.fixture(scope="module", params=GEMMA_FAMILIES, ids=lambda family: family.name)
@@ -179,9 +179,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED), ids=lambda case: f"{case[0]}-{case[1]}")
 def test_unsupported_settings_are_refused_by_name(checkpoints, tmp_path, case):
-    edit, setting = REFUSED[case]
-    with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoints[case[0]], tmp_path, edit))
+    assert_refused(checkpoints[case[0]], tmp_path, *REFUSED[case])
 
 
 @pytest.mark.parametrize("cap", [-1.0, math.nan, math.inf])

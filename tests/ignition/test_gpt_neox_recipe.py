@@ -19,11 +19,11 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from helios.ignition.architecture import weight_layout
-from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+from helios.ignition.recipes import load_checkpoint
 from helios.ignition.recipes.moe import rotary_order
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import GPT_NEOX, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import GPT_NEOX, assert_refused, random_model, rewritten_checkpoint, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +115,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unsupported_gpt_neox_settings_are_refused_by_name(checkpoint, tmp_path, case):
-    edit, setting = REFUSED[case]
-    with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
+    assert_refused(checkpoint, tmp_path, *REFUSED[case])
 
 
 def test_the_parallel_mlp_norm_needs_the_parallel_block(prepared):

@@ -21,7 +21,7 @@ from helios.ignition.architecture import CheckpointError, MixtureOfExperts, weig
 from helios.ignition.recipes import load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import (GRANITE_MOE, GRANITE_MOE_FAMILIES, GRANITE_MOE_SHARED, random_model,
+from .hf_checkpoints import (GRANITE_MOE, GRANITE_MOE_FAMILIES, GRANITE_MOE_SHARED, assert_refused, random_model,
                              rewritten_checkpoint, write_checkpoint)
 from .test_llama_shaped_served import check_served_core
 
@@ -119,5 +119,4 @@ REFUSED = {
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unsupported_granite_moe_settings_are_refused_by_name(checkpoint, tmp_path, case):
     changes, setting = REFUSED[case]
-    with pytest.raises(CheckpointError, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, lambda config: config.update(changes)))
+    assert_refused(checkpoint, tmp_path, lambda config: config.update(changes), setting, error=CheckpointError)

@@ -11,10 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
-
 from . import test_equivalence as equivalence
-from .hf_checkpoints import GRANITE, Family, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import GRANITE, Family, assert_refused, random_model, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +67,4 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_multipliers_the_programs_cannot_hold_are_refused_by_name(checkpoint, tmp_path, case):
-    edit, setting = REFUSED[case]
-    with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
+    assert_refused(checkpoint, tmp_path, *REFUSED[case])

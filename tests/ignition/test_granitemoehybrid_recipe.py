@@ -28,8 +28,8 @@ from support.bamba_reference import grouped_gated_norm
 from . import test_equivalence as equivalence
 from .conftest import PAGE_TOKENS, single_thread
 from .driver import PagedModel, Sequence, generate
-from .hf_checkpoints import (GRANITE_HYBRID, GRANITE_HYBRID_DENSE, GRANITE_HYBRID_FAMILIES, Family, random_model,
-                             rewritten_checkpoint, write_checkpoint)
+from .hf_checkpoints import (GRANITE_HYBRID, GRANITE_HYBRID_DENSE, GRANITE_HYBRID_FAMILIES, Family, assert_refused,
+                             random_model, rewritten_checkpoint, write_checkpoint)
 
 VARIANTS = ((Operation.PREFILL, Capacity(2, 32)), (Operation.DECODE, Capacity(4, 4)),
             (Operation.MIXED, Capacity(4, 32)))
@@ -173,8 +173,7 @@ def dense_checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unsupported_settings_are_refused_by_name(dense_checkpoint, tmp_path, case):
     changes, setting = REFUSED[case]
-    with pytest.raises(CheckpointError, match=setting):
-        load_checkpoint(rewritten_checkpoint(dense_checkpoint, tmp_path, lambda config: config.update(changes)))
+    assert_refused(dense_checkpoint, tmp_path, lambda config: config.update(changes), setting, error=CheckpointError)
 
 
 def test_the_legacy_layer_kind_spellings_prepare_the_same_model(dense_checkpoint, tmp_path):

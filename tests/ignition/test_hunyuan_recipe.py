@@ -13,10 +13,10 @@ import pytest
 import torch
 import transformers
 
-from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+from helios.ignition.recipes import load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import HUNYUAN, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import HUNYUAN, assert_refused, random_model, rewritten_checkpoint, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +97,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_settings_the_recipe_does_not_implement_are_refused_by_name(checkpoint, tmp_path, case):
-    edit, setting = REFUSED[case]
-    with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
+    assert_refused(checkpoint, tmp_path, *REFUSED[case])
 
 
 def test_the_released_rope_gets_the_references_frequencies():

@@ -23,7 +23,7 @@ from helios.ignition.recipes import load_checkpoint
 from helios.ignition.window_split import sliding_layers, window_tokens
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import LLAMA4, _draw, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import LLAMA4, _draw, assert_refused, random_model, rewritten_checkpoint, write_checkpoint
 from .test_llama_shaped_served import check_served_core
 
 
@@ -107,8 +107,7 @@ REFUSED = {
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unsupported_llama4_settings_are_refused_by_name(checkpoint, tmp_path, case):
     changes, setting = REFUSED[case]
-    with pytest.raises(CheckpointError, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, lambda config: config.update(changes)))
+    assert_refused(checkpoint, tmp_path, lambda config: config.update(changes), setting, error=CheckpointError)
 
 
 def test_the_multimodal_checkpoint_prepares_its_text_decoder(tmp_path):

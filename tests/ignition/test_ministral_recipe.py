@@ -15,10 +15,10 @@ import pytest
 import torch
 import transformers
 
-from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+from helios.ignition.recipes import load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import MINISTRAL, Family, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import MINISTRAL, Family, assert_refused, random_model, rewritten_checkpoint, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +60,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unsupported_ministral_settings_are_refused_by_name(checkpoint, tmp_path, case):
-    edit, setting = REFUSED[case]
-    with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
+    assert_refused(checkpoint, tmp_path, *REFUSED[case])
 
 
 def test_an_internlm3_checkpoint_gives_the_references_logits(tmp_path):

@@ -18,7 +18,8 @@ from helios.ignition.architecture import CheckpointError, MixtureOfExperts, weig
 from helios.ignition.recipes import load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import OLMOE, OLMOE_BIASED, OLMOE_FAMILIES, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import (OLMOE, OLMOE_BIASED, OLMOE_FAMILIES, assert_refused, random_model, rewritten_checkpoint,
+                             write_checkpoint)
 from .test_llama_shaped_served import check_served_core
 
 
@@ -85,5 +86,4 @@ REFUSED = {
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unsupported_olmoe_settings_are_refused_by_name(checkpoint, tmp_path, case):
     changes, setting = REFUSED[case]
-    with pytest.raises(CheckpointError, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, lambda config: config.update(changes)))
+    assert_refused(checkpoint, tmp_path, lambda config: config.update(changes), setting, error=CheckpointError)

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from helios.ignition.architecture import CheckpointError, MixtureOfExperts, weight_layout
-from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+from helios.ignition.recipes import load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import QWEN2_MOE, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import QWEN2_MOE, assert_refused, random_model, rewritten_checkpoint, write_checkpoint
 from .test_llama_shaped_served import check_served_core
 
 
@@ -112,8 +112,7 @@ REFUSED = {
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unsupported_qwen2_moe_settings_are_refused_by_name(checkpoint, tmp_path, case):
     changes, setting = REFUSED[case]
-    with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, lambda config: config.update(changes)))
+    assert_refused(checkpoint, tmp_path, lambda config: config.update(changes), setting)
 
 
 def test_the_shared_gate_is_the_only_new_slot(prepared):

@@ -14,11 +14,11 @@ import pytest
 import torch
 import transformers
 
-from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+from helios.ignition.recipes import load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import (ERNIE4_5, LLAMA_SHAPED_FAMILIES, SEED_OSS, random_model, rewritten_checkpoint,
-                             write_checkpoint)
+from .hf_checkpoints import (ERNIE4_5, LLAMA_SHAPED_FAMILIES, SEED_OSS, assert_refused, random_model,
+                             rewritten_checkpoint, write_checkpoint)
 
 
 @pytest.fixture(scope="module", params=LLAMA_SHAPED_FAMILIES, ids=lambda family: family.name)
@@ -108,6 +108,4 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_settings_the_recipes_do_not_implement_are_refused_by_name(checkpoint, tmp_path, case):
-    edit, setting = REFUSED[case]
-    with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint[1], tmp_path, edit))
+    assert_refused(checkpoint[1], tmp_path, *REFUSED[case])

@@ -15,11 +15,11 @@ import torch
 import transformers
 
 from helios.ignition.architecture import Architecture, CheckpointError
-from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
+from helios.ignition.recipes import load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import (SMOLLM3, SMOLLM3_FAMILIES, SMOLLM3_TIED, random_model, rewritten_checkpoint,
-                             write_checkpoint)
+from .hf_checkpoints import (SMOLLM3, SMOLLM3_FAMILIES, SMOLLM3_TIED, assert_refused, random_model,
+                             rewritten_checkpoint, write_checkpoint)
 
 
 @pytest.fixture(scope="module", params=SMOLLM3_FAMILIES, ids=lambda family: family.name)
@@ -103,9 +103,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_settings_the_recipe_does_not_implement_are_refused_by_name(checkpoint, tmp_path, case):
-    edit, setting = REFUSED[case]
-    with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
+    assert_refused(checkpoint, tmp_path, *REFUSED[case])
 
 
 def test_a_longer_nope_list_is_read_for_the_layers_there_are(checkpoint, tmp_path):

@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from helios.ignition.architecture import weight_layout
-from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import VAULTGEMMA, random_model, rewritten_checkpoint, write_checkpoint
+from .hf_checkpoints import VAULTGEMMA, assert_refused, random_model, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +53,4 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unsupported_vaultgemma_settings_are_refused_by_name(checkpoint, tmp_path, case):
-    edit, setting = REFUSED[case]
-    with pytest.raises(UnsupportedCheckpoint, match=setting):
-        load_checkpoint(rewritten_checkpoint(checkpoint, tmp_path, edit))
+    assert_refused(checkpoint, tmp_path, *REFUSED[case])
