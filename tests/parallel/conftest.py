@@ -1,6 +1,7 @@
 """Tensor-parallel test cores: tiny chat checkpoints of every family, prepared once per run (one copy
 for all the xdist workers) for one rank and for two ranks with the same small capacities
-(token-logprobs programs only for the SCORED_FAMILIES), and helpers to open and run them."""
+(token-logprobs programs only for the SCORED_FAMILIES), helpers to open and run them, and the
+reference greedy tokens (transformers', which a one-rank core gives) the ranks must generate."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 from pathlib import Path
 
 import pytest
+import torch
 
 from helios.cli.main import main
 from helios.core.reader import open_core
@@ -44,7 +46,7 @@ class Cores:
         prepared_once(shared / "key", shared / ".key-written", lambda: _keygen(self.key, shared / ".key-written"))
         self._checkpoints: dict[tuple[str, int], Path] = {}
         self._cores: dict[str, Path] = {}  # by file name
-        self._one_rank: dict[str, list[list[int]]] = {}
+        self._reference: dict[str, list[list[int]]] = {}
 
     @property
     def trust(self) -> Path:
@@ -103,11 +105,13 @@ class Cores:
         prepared_once(directory, written, write)
         return directory
 
-    def one_rank_tokens(self, family) -> list[list[int]]:
-        """Greedy tokens of PROMPTS from the family's one-rank core (the reference), computed once."""
-        if family.name not in self._one_rank:
-            self._one_rank[family.name] = greedy_tokens(self.open(self.core(family, 1)))
-        return self._one_rank[family.name]
+    def reference_tokens(self, family) -> list[list[int]]:
+        """Greedy tokens of PROMPTS from transformers on the family's checkpoint (float32), computed
+        once: what one rank serves (each family's recipe tests compare one rank with transformers),
+        without preparing and running a one-rank core for each family."""
+        if family.name not in self._reference:
+            self._reference[family.name] = reference_greedy(self.checkpoint(family), PROMPTS, MAX_TOKENS)
+        return self._reference[family.name]
 
     def open(self, path: Path):
         return open_core(path, accept=NAMESPACE, trusted_keys=[self.trust])
@@ -141,6 +145,22 @@ def running(core, ranks: RankOptions = FAST):
         yield runtime
     finally:
         runtime.close()
+
+
+def reference_greedy(checkpoint: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """transformers' greedy tokens, each step a full forward (Bamba's cached step skips
+    ``time_step_limit``, which its full forward and Helios apply)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            tokens = list(prompt)
+            for _ in range(new_tokens):
+                tokens.append(int(model(torch.tensor([tokens])).logits[0, -1].argmax()))
+            out.append(tokens[len(prompt):])
+    return out
 
 
 def greedy_tokens(core, ranks: RankOptions = FAST, prompts=PROMPTS) -> list[list[int]]:

@@ -33,7 +33,7 @@ def free_port() -> int:
 
 
 def test_generate_runs_local_rank_processes(cores, capsys):
-    assert cli_tokens(cores, cores.core(QWEN3, 2), capsys) == cores.one_rank_tokens(QWEN3)
+    assert cli_tokens(cores, cores.core(QWEN3, 2), capsys) == cores.reference_tokens(QWEN3)
 
 
 def test_a_rank_joining_over_loopback_gives_the_same_tokens(cores, capsys):
@@ -45,6 +45,6 @@ def test_a_rank_joining_over_loopback_gives_the_same_tokens(cores, capsys):
         _, stderr = joiner.communicate(timeout=60)
     finally:
         joiner.kill()
-    assert two == cores.one_rank_tokens(QWEN3)
+    assert two == cores.reference_tokens(QWEN3)
     assert joiner.returncode == 0
     assert "serving rank 1 of 2" in stderr

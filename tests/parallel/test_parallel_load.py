@@ -42,7 +42,7 @@ def test_a_peer_has_loaded_its_weights_before_rank_zero_loads(cores, monkeypatch
     monkeypatch.setattr(service, "load_model", load_after_the_peer)
     with running(cores.open(cores.core(LLAMA3, 2))) as runtime:
         results = generate(runtime.engine, PROMPTS, MAX_TOKENS)
-    assert [list(r.token_ids) for r in results] == cores.one_rank_tokens(LLAMA3)
+    assert [list(r.token_ids) for r in results] == cores.reference_tokens(LLAMA3)
 
 
 def test_a_rank_zero_that_fails_to_load_tells_its_peers(cores):

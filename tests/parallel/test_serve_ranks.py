@@ -29,7 +29,7 @@ def _stream_ids(url: str, model: str, prompt: list[int]) -> list[int]:
 
 def test_a_two_rank_core_serves_the_one_rank_tokens_through_the_engine_process(cores, tmp_path):
     family = DENSE_FAMILIES[0]
-    expected = cores.one_rank_tokens(family)
+    expected = cores.reference_tokens(family)
     core = TinyCore(cores.core(family, 2), cores.trust, NAMESPACE)
     process = ServerProcess(core, "--collective-timeout", "20", log=tmp_path / "server.log")
     try:
