@@ -24,9 +24,9 @@ must give, in float32:
 A variant the cut makes indivisible must be refused at preparation with a `CheckpointError` that
 names a setting of the variant's config.json (as must any single-rank refusal): never a crash, a
 hang or a different model; a refusal of the cut names a setting the ranks do not divide. `SEEDS`
-is the fixed set the suite runs; ``HELIOS_RANK_FUZZ_SEEDS=N`` (or ``A:B``) runs seeds 0..N-1 (or
-A..B-1) of every family instead, on the rank counts `ranks_for` gives: a sweep, outside the suite's
-time budget.
+is the fixed set the suite runs (``HELIOS_RANK_FUZZ_SWEEP=1`` adds `SWEEP_SEEDS`);
+``HELIOS_RANK_FUZZ_SEEDS=N`` (or ``A:B``) runs seeds 0..N-1 (or A..B-1) of every family instead, on
+the rank counts `ranks_for` gives: a sweep, outside the suite's time budget.
 """
 
 from __future__ import annotations
@@ -273,39 +273,44 @@ def check_ranks(variant: Variant, ranks: int, root: Path, mixed: bool = False) -
 # ---------------------------------------------------------------------------------------------------
 # The suite's seeds (each variant's cut noted), or a sweep of HELIOS_RANK_FUZZ_SEEDS seeds per family.
 
-SEEDS = (  # (draw, seed, ranks)
-    ("gpt_oss", 18, 4),   # 12 query heads on 4 ranks (3 each, with their sinks), window 6, vocab 255, 8 experts
-    ("deepseek", 7, 2),   # latent attention, 6 heads (3 a rank), vocab 255, MIXED programs
-    ("moe", 6, 2),        # GLM-4 MoE: 6 heads, 2 routed experts of width 10 (5 a rank), 2 shared, vocab 131
+SEEDS = (  # (draw, seed, ranks): one of each kind of cut, every family the rank fuzz alone runs on ranks
+    ("deepseek", 7, 2),   # latent attention, 6 heads (3 a rank), 4 routed experts, vocab 255, MIXED programs
     ("bamba", 7, 2),      # Bamba: 2 mixer groups split over the ranks, vocab 255, MIXED programs
     ("dense", 17, 2),     # refused: one key/value head for 2 ranks (fewer than the ranks)
     ("bamba", 2, 2),      # refused: 3 mixer groups and an MLP width of 9 for 2 ranks
-    ("phi3", 9, 2),       # Phi-3 LongRoPE, 6 heads (3 a rank), untied, vocab 131
-    ("phi3", 6, 4),       # Phi-4-mini-like partial rotary 0.75, window 5, 4 heads on 4 ranks
-    ("smollm3", 14, 4),   # SmolLM3: a NoPE sliding second layer, 8 heads and 4 key/value heads on 4 ranks
+    ("phi3", 6, 4),       # refused: an MLP width of 29 for 4 ranks
     ("llama_shaped", 7, 2),  # Ernie 4.5: de-interleaved q/k rows with their biases, llama3 rope, MIXED programs
+    ("gemma3", 8, 4),     # Gemma 3: 12 heads on 4 ranks (3 each), window 5, q/k/v/o biases, untied, vocab 97
+    ("cohere", 7, 2),     # Cohere2: the parallel block with q/k/v/o biases (the partials summed once, the biases
+                          # added after), the legacy sliding_window_pattern, tied, 4 heads on 2 ranks, MIXED programs
+    ("olmoe", 0, 4),      # OLMoE: whole-projection q/k norms over 4 ranks (3 heads, 1 key/value head each), top-3
+                          # of 8 experts of width 48 (12 a rank), q/k/v/o biases, the legacy rope layout
+)
+# With HELIOS_RANK_FUZZ_SWEEP=1 besides (about 130 s of CPU on a 2-core machine): cuts of families that
+# tests/parallel/test_families.py runs on two ranks, and 4-rank cuts of mechanisms the seeds above cut on 4 ranks
+# (split heads with their window, whole-projection q/k norms, experts by width).
+SWEEP_SEEDS = (
+    ("gpt_oss", 18, 4),   # 12 query heads on 4 ranks (3 each, with their sinks), window 6, vocab 255, 8 experts
+    ("moe", 6, 2),        # GLM-4 MoE: 6 heads, 2 routed experts of width 10 (5 a rank), 2 shared, vocab 131
+    ("phi3", 9, 2),       # Phi-3 LongRoPE, 6 heads (3 a rank), untied, vocab 131
+    ("smollm3", 14, 4),   # SmolLM3: a NoPE sliding second layer, 8 heads and 4 key/value heads on 4 ranks
     ("gemma3", 53, 2),    # Gemma 3: three sliding layers (window 3) then a full one, logit soft cap 5, linear
                           # global rope, the transformers 4 layout, 4 heads on 2 ranks, vocab 97, MIXED programs
-    ("gemma3", 8, 4),     # Gemma 3: 12 heads on 4 ranks (3 each), window 5, q/k/v/o biases, untied, vocab 97
     ("glm4", 15, 2),      # GLM-4 dense: interleaved partial rotary 0.5 with linear rope, q/k/v biases, sandwich
                           # norms, 4 heads on 2 ranks, vocab 97, MIXED programs
     ("olmo", 12, 4),      # OLMo 3: no pre-norms, whole-projection q/k norms over 4 ranks (one head each: the mean
                           # square summed over the ranks), sliding/full layers, the legacy rope layout, biases, tied
-    ("cohere", 7, 2),     # Cohere2: the parallel block with q/k/v/o biases (the partials summed once, the biases
-                          # added after), the legacy sliding_window_pattern, tied, 4 heads on 2 ranks, MIXED programs
     ("starcoder2", 0, 4),  # StarCoder2: biased LayerNorms, the non-gated MLP (width 48, 12 a rank) with biases, q/k/v/o
                            # biases, window 5, linear rope in the legacy layout, 4 heads on 4 ranks, untied
-    ("olmoe", 0, 4),      # OLMoE: whole-projection q/k norms over 4 ranks (3 heads, 1 key/value head each), top-3
-                          # of 8 experts of width 48 (12 a rank), q/k/v/o biases, the legacy rope layout
-    # Qwen2-MoE, Hunyuan MoE, Ernie 4.5 MoE, Granite MoE, Gemma / Gemma 2, Phi-2 and Qwen3-Next have no suite seed
-    # (the suite's time): tests/parallel/test_families.py runs each on two ranks, and the sweep draws them.
+    # Qwen2-MoE, Hunyuan MoE, Ernie 4.5 MoE, Granite MoE, Gemma / Gemma 2, Phi-2 and Qwen3-Next have no seed here
+    # (the suite's time): tests/parallel/test_families.py runs each on two ranks, and HELIOS_RANK_FUZZ_SEEDS draws them.
 )
 
 
 def _cases() -> list[tuple[str, int, int]]:
     sweep = os.environ.get("HELIOS_RANK_FUZZ_SEEDS", "")  # "N": seeds 0..N-1; "A:B": seeds A..B-1
     if not sweep:
-        return list(SEEDS)
+        return list(SEEDS) + (list(SWEEP_SEEDS) if os.environ.get("HELIOS_RANK_FUZZ_SWEEP") == "1" else [])
     seeds = range(*(int(n) for n in sweep.split(":"))) if ":" in sweep else range(int(sweep))
     return [(kind, seed, ranks) for kind in DRAWS for seed in seeds for ranks in ranks_for(seed)]
 
