@@ -279,9 +279,36 @@ def test_a_second_sigint_ends_running_streams_with_an_error_event_and_still_stop
     assert "Application shutdown complete" in log and all(wait_gone(pid, 10) for pid in children)
 
 
-def test_sighup_drains_like_sigterm(core, tmp_path):
+@pytest.fixture(scope="module")
+def serving(core, tmp_path_factory):
+    """One `helios serve` for the tests that leave it serving, then the one that stops it (each
+    test's state: a fresh server's, as none of them holds a request past its end)."""
+    server = ServerProcess(core, log=tmp_path_factory.mktemp("serving") / "server.log")
+    yield server
+    if server.process.poll() is None:
+        server.process.kill()
+        server.process.wait()
+
+
+def test_sigusr1_to_the_engine_process_dumps_its_stacks_and_it_keeps_serving(serving):
+    """Before: SIGUSR1 (the stack-dump signal of `helios serve`) ended the engine process, and the
+    server with it (exit 9), when it reached the model worker, as `kill -USR1 -PGID` does.
+    test_sighup_drains_like_sigterm then stops this server: a clean exit after the dump."""
+    os.kill(engine_pid_of(serving), signal.SIGUSR1)
+    deadline = time.monotonic() + 30
+    while "in _engine_main" not in serving.log.read_text():  # the dump is written
+        assert serving.process.poll() is None and time.monotonic() < deadline, serving.log.read_text()
+        time.sleep(0.05)
+    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+    response = httpx.post(serving.url + "/v1/chat/completions", json=body, timeout=30)
+    log = serving.log.read_text()
+    assert response.status_code == 200 and serving.process.poll() is None, log
+    assert "model worker died" not in log and "Traceback" not in log, log
+
+
+def test_sighup_drains_like_sigterm(serving):
     """Before: SIGHUP (a closed terminal) ended the server at once, cutting every response."""
-    server = ServerProcess(core, log=tmp_path / "server.log")
+    server = serving
     started = threading.Event()
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(read_stream, server.url, started, 150)
@@ -308,13 +335,24 @@ def generate_without_load(monkeypatch):
     monkeypatch.setattr(generate_cmd, "build_runtime", load)
 
 
-def test_generate_takes_a_prompt_too_long_for_a_file_name_as_a_prompt(generate_without_load, capsys):
+def test_generate_takes_a_prompt_too_long_for_a_file_name_as_a_prompt(monkeypatch):
     """Before: the first positional was checked as a core path first, and a long prompt failed
-    with "error: File name too long" (exit 1)."""
+    with "error: File name too long" (exit 1). Stopped where the model is opened (the embedded
+    one, as no core is named), which follows the split of the core from the prompts."""
+    from helios.cli import generate_cmd
     from helios.cli.main import main
 
+    opened = []
+
+    def open_model(args):
+        opened.append((args.core, args.prompts))
+        raise Loaded
+
+    monkeypatch.setattr(generate_cmd, "_open", open_model)
+    prompt = "word " * 100  # 500 characters: past NAME_MAX
     with pytest.raises(Loaded):
-        main(["generate", "word " * 100, "--max-tokens", "2"])  # 500 characters: past NAME_MAX, within the context
+        main(["generate", prompt, "--max-tokens", "2"])
+    assert opened == [(None, [prompt])]
 
 
 @pytest.mark.parametrize("option, value, message", [
@@ -386,19 +424,6 @@ def test_a_killed_engine_process_ends_running_streams_and_the_server_names_the_c
     assert "the model worker died (the engine process was killed by SIGKILL)" in log and "Traceback" not in log, log
     assert "helios serve: error: the model worker died (the engine process was killed by SIGKILL)" in log
     assert all(wait_gone(pid, 10) for pid in children)
-
-
-def test_sigusr1_to_the_engine_process_dumps_its_stacks_and_it_keeps_serving(core, tmp_path):
-    """Before: SIGUSR1 (the stack-dump signal of `helios serve`) ended the engine process, and the
-    server with it (exit 9), when it reached the model worker, as `kill -USR1 -PGID` does."""
-    server = ServerProcess(core, log=tmp_path / "server.log")
-    os.kill(engine_pid_of(server), signal.SIGUSR1)
-    time.sleep(1)
-    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
-    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
-    code, log = server.terminate()
-    assert response.status_code == 200 and code == -signal.SIGTERM, log
-    assert "in _engine_main" in log and "model worker died" not in log, log
 
 
 def test_sigterm_while_the_embedded_model_is_first_prepared_leaves_no_scratch_behind(tmp_path):
