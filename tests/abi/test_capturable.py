@@ -127,12 +127,14 @@ GUARDED = {
     "host data": lambda x: x + torch.tensor([1.0, 2.0, 3.0, 4.0]),
     "factory without device": lambda x: x + torch.zeros(4),
     "move": lambda x: x.to("cpu"),
+    "0-d tensor index": lambda x: x[torch.argmax(x)],
 }
 ALLOWED = {
     "elementwise": lambda x: torch.where(x > 0, x, 0.0).cumsum(0),
     "factory with device": lambda x: x + torch.arange(4, device=x.device),
     "like": lambda x: torch.full_like(x, 2.0) + x.new_zeros(4),
     "integer index": lambda x: x[torch.argsort(x)],
+    "one-element index": lambda x: x[torch.argmax(x).view(1)],
     "dtype": lambda x: x.to(torch.float64),
 }
 

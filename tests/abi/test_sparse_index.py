@@ -11,6 +11,7 @@ import torch
 from helios.abi import latent_attention as _latent  # noqa: F401  (registers helios::paged_latent_attention)
 from helios.abi import sparse_index
 from helios.abi.registry import AbiArgumentError
+from support.host_sync import forbid_host_sync
 
 OPS = torch.ops.helios
 PAGE_TOKENS = 4
@@ -133,3 +134,29 @@ def test_a_small_workspace_gives_the_same_results(monkeypatch):
     picks, attended = run()
     assert torch.equal(picks, whole[0])
     torch.testing.assert_close(attended, whole[1], rtol=1e-6, atol=1e-7)
+
+
+def test_the_bodies_never_read_device_data_on_the_host():
+    """CUDA graphs capture these bodies (no Triton kernels yet): no host read, no host tensor, with
+    padding tokens in the batch (the key write's duplicate slots)."""
+    table, query_start, positions = packed([3, 2], [4, 5], seed=10)
+    generator = torch.Generator().manual_seed(11)
+    cache, latent, rope = (torch.randn(12, PAGE_TOKENS, width, generator=generator) for width in (6, 8, 4))
+    tokens = len(positions)
+    q, weights = torch.randn(tokens, 3, 6, generator=generator), torch.randn(tokens, 3, generator=generator)
+    q_latent, q_rope = torch.randn(tokens, 2, 8, generator=generator), torch.randn(tokens, 2, 4, generator=generator)
+    slots = (table[torch.searchsorted(query_start[1:], torch.arange(tokens), right=True).clamp(max=1),
+                   positions // PAGE_TOKENS].long() * PAGE_TOKENS + positions % PAGE_TOKENS)
+    slots[int(query_start[-1]):] = -1
+    written = cache.clone()
+    OPS.index_key_write(written, q[:, 0], slots)
+    selected = OPS.index_topk(q, weights, written, table, query_start, positions, 0.3, 4)
+    attended = OPS.paged_latent_attention_selected(q_latent, q_rope, latent, rope, table, query_start, positions,
+                                                   selected, 0.4)
+    with forbid_host_sync():
+        sparse_index.index_key_write.body(cache, q[:, 0], slots)
+        got_selected = sparse_index.index_topk.body(q, weights, cache, table, query_start, positions, 0.3, 4)
+        got_attended = sparse_index.paged_latent_attention_selected.body(
+            q_latent, q_rope, latent, rope, table, query_start, positions, got_selected, 0.4)
+    assert torch.equal(cache, written) and torch.equal(got_selected, selected)
+    assert torch.equal(got_attended, attended)

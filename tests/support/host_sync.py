@@ -8,6 +8,7 @@ CUDA tensor, would synchronise the device or could not be captured into a CUDA g
 - data-dependent shapes: ``nonzero``, ``argwhere``, ``masked_select``, ``unique``, ``bincount``,
   one-argument ``torch.where``, ``repeat_interleave`` by a tensor, and indexing, assigning or
   ``index_put`` with a boolean tensor;
+- indexing or assigning with a 0-d integer tensor (Python indexing reads it as an ``int``);
 - host tensors that a device body would copy in: ``torch.tensor``, ``as_tensor``, ``from_numpy``,
   ``new_tensor``, and factories (``zeros``, ``full``, ``arange``, ...) without an explicit device.
 
@@ -51,6 +52,15 @@ def _has_bool_index(indices) -> bool:
     return False
 
 
+def _has_scalar_index(indices) -> bool:
+    """A 0-d integer tensor among the indices: Python indexing reads it on the host (an ``int``)."""
+    if isinstance(indices, torch.Tensor):
+        return indices.dim() == 0 and not indices.dtype.is_floating_point and indices.dtype != torch.bool
+    if isinstance(indices, (tuple, list)):
+        return any(_has_scalar_index(index) for index in indices)
+    return False
+
+
 def _violation(name: str, args: tuple, kwargs: dict) -> str | None:
     """Why calling `name(*args, **kwargs)` is not allowed in a device body, or None."""
     if name in _HOST_READS or name in _DATA_SHAPES or name in _HOST_DATA:
@@ -66,6 +76,8 @@ def _violation(name: str, args: tuple, kwargs: dict) -> str | None:
         return "to(device) moves data between devices"
     if name in _INDEXING and len(args) > 1 and _has_bool_index(args[1]):
         return f"{name} with a boolean index has a data-dependent shape"
+    if name in ("__getitem__", "__setitem__") and len(args) > 1 and _has_scalar_index(args[1]):
+        return f"{name} with a 0-d tensor index reads the index on the host"
     return None
 
 

@@ -128,7 +128,7 @@ def index_key_write(index_cache: torch.Tensor, keys: torch.Tensor, slot_mapping:
     keep = slot_mapping >= 0
     # No host read: padding tokens rewrite the first packed token's slot with its own key (or, with no
     # packed token at all, slot 0 with its current value), so duplicate writes all carry one value.
-    first = torch.argmax(keep.to(torch.int32))
+    first = torch.argmax(keep.to(torch.int32)).view(1)  # a 1-element index: a 0-d one is read on the host
     target = torch.where(keep, slot_mapping, slot_mapping[first].clamp(min=0))
     source = torch.where(keep[:, None], keys, keys[first])
     source = torch.where(keep.any(), source, flat[target])
