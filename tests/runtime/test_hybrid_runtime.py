@@ -6,6 +6,7 @@ with state offload to host slots and restore gives the same tokens."""
 from __future__ import annotations
 
 import functools
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,9 @@ def hybrid(tmp_path_factory):
 
 @functools.cache
 def prepared_hybrid(base: Path):
-    root = base / "hybrid-runtime"
-    root.mkdir()
+    # A directory of its own per try: a failed first try (cached by nothing) leaves its files, and a
+    # fixed name would then fail every later module with FileExistsError instead of the first error.
+    root = Path(tempfile.mkdtemp(prefix="hybrid-runtime-", dir=base))
     checkpoint = prepare_signed(BAMBA, root, NAMESPACE)
     reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).float().eval()
     grouped_gated_norm(reference)  # Mamba2's grouped norm on transformers releases without it (the GPU machine's)
