@@ -123,14 +123,14 @@ def test_edge_rows_get_the_reference_tokens():
 
 
 def test_many_uniforms_over_tied_groups():
-    """Forty draws of one row of five tied groups: every position among equal tokens goes by id."""
+    """Twenty draws of one row of five tied groups: every position among equal tokens goes by id."""
     vocab = 300
     base = torch.tensor([4.0, 3.0, 3.0, 1.0, 0.0]).repeat_interleave(torch.tensor([7, 50, 3, 100, 140]))
-    logits = base[torch.randperm(vocab, generator=torch.Generator().manual_seed(5))].repeat(40, 1)
+    logits = base[torch.randperm(vocab, generator=torch.Generator().manual_seed(5))].repeat(20, 1)
     rows = logits.shape[0]
     expected = assert_reference_tokens(*rows_of(logits, torch.full((rows,), 0.7), torch.zeros(rows),
                                                 torch.full((rows,), 0.999), torch.zeros(rows), seed=8))
-    assert len(set(expected.tolist())) > 20
+    assert len(set(expected.tolist())) > 10
 
 
 def test_a_row_draws_the_same_token_alone_and_in_any_batch():
@@ -158,8 +158,8 @@ def test_rows_that_do_not_draw_keep_their_greedy_token():
 
 def test_top_p_keeps_positions_whose_preceding_mass_is_strictly_below():
     """Four equal tokens (p = 1/4 exactly) and top_p 1/2: the mass before the third is exactly 1/2,
-    not below it, so only the two lowest ids are drawn - forty draws, the reference's tokens."""
-    rows, vocab = 40, 64
+    not below it, so only the two lowest ids are drawn - sixteen draws, the reference's tokens."""
+    rows, vocab = 16, 64
     logits = torch.full((rows, vocab), float("-inf"))
     logits[:, [9, 20, 33, 60]] = 1.5
     expected = assert_reference_tokens(*rows_of(logits, torch.ones(rows), torch.zeros(rows), torch.full((rows,), 0.5),
