@@ -2,10 +2,14 @@
 
 Run as a script in a process without TRITON_INTERPRET (see compile_attention_kernels.py): bfloat16 at
 Qwen3-30B-A3B expert shapes (decode and prefill block sizes, both activations, with and without
-biases; Nemotron-H's non-gated relu2 at one block shape) and float32. Exits 0 when every kernel compiles.
+biases; Nemotron-H's non-gated relu2 at one block shape) and float32. The grouped kernels compile at the
+smallest and the largest of the default tiles (16 x 32 and 64 x 64 rows x columns) in every variant;
+the two between (16 x 64, 32 x 64) only with HELIOS_COMPILE_SWEEP=1. Exits 0 when every kernel compiles.
 """
 
 from __future__ import annotations
+
+import os
 
 from compile_attention_kernels import compile_kernel
 
@@ -13,6 +17,9 @@ from helios.abi import triton_moe as kernels
 from helios.abi import triton_route
 
 SCHEDULE = dict(order="*i64", block_expert="*i32", block_start="*i32", block_end="*i32")
+# The grouped kernels' (BLOCK_M, BLOCK_N): moe_tiles.default_tiles' smallest and largest; the two between
+# them only with HELIOS_COMPILE_SWEEP=1 (the suite's time; the same variants, the tile alone differs)
+BLOCKS = ((16, 32), (64, 64)) + (((16, 64), (32, 64)) if os.environ.get("HELIOS_COMPILE_SWEEP") == "1" else ())
 
 
 def compile_all(dtype: str, precision: str) -> None:
@@ -20,7 +27,7 @@ def compile_all(dtype: str, precision: str) -> None:
     gate_up = dict(SCHEDULE, hidden=pointer, gate_up=pointer, gate_up_bias=pointer, inter=pointer,
                    alpha="fp32", limit="fp32")
     down = dict(SCHEDULE, inter=pointer, route_weights="*fp32", down=pointer, down_bias=pointer, out="*fp32")
-    for block_m, block_n in ((16, 32), (16, 64), (32, 64), (64, 64)):
+    for block_m, block_n in BLOCKS:
         for bias in (False, True):
             for activation in (0, 1, 2) if block_m == 16 and not bias else (0, 1):  # relu2 (2): one shape
                 compile_kernel(kernels._gate_up_kernel, gate_up,
