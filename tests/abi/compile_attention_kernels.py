@@ -23,6 +23,20 @@ from helios.abi import triton_prefill as prefill
 
 TARGET = GPUTarget("cuda", 90, 32)
 UNIT_STRIDES = {"stride_qd", "stride_od", "stride_kd", "stride_vd", "stride_ktd", "stride_vtd"}
+SWEEP = os.environ.get("HELIOS_COMPILE_SWEEP") == "1"
+# The benchmark's swept decode configurations: (BLOCK_N, warps, stages, PREFETCH, BLOCK_KV, SPECULATE)
+DECODE_SWEEP = ((32, 4, 3, 2, 1, False), (128, 8, 2, 0, 1, False), (128, 4, 4, 1, 1, False), (64, 4, 2, 2, 1, True),
+                (8, 4, 3, 1, 8, False), (16, 8, 2, 2, 8, False), (32, 4, 2, 1, 2, False), (64, 4, 2, 1, 2, True),
+                (16, 2, 3, 1, 4, False), (32, 4, 2, 1, 4, True), (16, 4, 2, 0, 4, False))
+# Without HELIOS_COMPILE_SWEEP=1 (the suite's time) the bfloat16 pass compiles these of the swept ones: every
+# prefill tile the runtime launches (triton_prefill_tiles: the default, short rows, fused combine, long prompts'
+# per-head descriptor tile) and one of each other kind (per head, one split at most, per head with the fused
+# combine, descriptor loads of packed blocks); decode: each key/value block (1, 2, 4, 8 pages), speculation
+# and rotary on and off, each prefetch depth, 4 and 8 warps. The other tiles differ in sizes alone.
+SUITE_PREFILL_TILES = ("128x64x8x3", "64x64x4x2", "c128x64x8x3", "c64x64x4x2", "ht64x64x4x3", "h64x128x4x2",
+                       "128x64x8x3x256x1", "hc64x64x4x3", "t128x128x8x3")
+SUITE_DECODE = ((128, 8, 2, 0, 1, False), (64, 4, 2, 2, 1, True), (8, 4, 3, 1, 8, False), (32, 4, 2, 1, 2, False),
+                (32, 4, 2, 1, 4, True))
 
 
 def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], **options):
@@ -83,7 +97,7 @@ def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False, swe
                             KV_PAD=1, L2_PREFETCH=False, PDL=tuned, SOFTCAP=50.0),
                        num_warps=4, num_stages=2, launch_pdl=tuned)
     capped_contiguous = not capped  # one contiguous (descriptor) tile with the cap too
-    for tile in prefill_sweep_tiles() if swept else ():  # the benchmark's prefill tiles, split where they fuse
+    for tile in prefill_sweep_tiles(SWEEP) if swept else ():  # the benchmark's prefill tiles, split where they fuse
         heads = tile.heads_per_program(group)
         descriptor = f"tensordesc<{dtype}[{tile.block_n},{head_dim}]>"
         contiguous = tile.contiguous and head_dim == block_d  # the launcher's rule
@@ -106,9 +120,7 @@ def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False, swe
                    dict(BLOCK_M=128 // block_g, BLOCK_N=64, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=4,
                         MIN_TILES=4), num_warps=4)
     for block_n, warps, stages, prefetch, block_kv, speculate in (
-            (32, 4, 3, 2, 1, False), (128, 8, 2, 0, 1, False), (128, 4, 4, 1, 1, False), (64, 4, 2, 2, 1, True),
-            (8, 4, 3, 1, 8, False), (16, 8, 2, 2, 8, False), (32, 4, 2, 1, 2, False), (64, 4, 2, 1, 2, True),
-            (16, 2, 3, 1, 4, False), (32, 4, 2, 1, 4, True), (16, 4, 2, 0, 4, False)) if swept else ():  # swept
+            DECODE_SWEEP if SWEEP else SUITE_DECODE) if swept else ():  # swept
         compile_kernel(decode._decode_kernel, attend,
                        dict(shape, BLOCK_H=max(16, triton.next_power_of_2(group * block_kv)), BLOCK_N=block_n,
                             NUM_SPLITS=4, TUNED=True,
@@ -124,20 +136,25 @@ def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False, swe
                    dict(NUM_KV_HEADS=8, BLOCK_H=8, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16))
 
 
-def prefill_sweep_tiles() -> list[prefill.PrefillTile]:
-    """The tiles `bench/prefill_attention.py` sweeps by default (each must fit an H200's shared memory)."""
+def prefill_sweep_tiles(full: bool = True) -> list[prefill.PrefillTile]:
+    """The tiles `bench/prefill_attention.py` sweeps by default (each must fit an H200's shared memory);
+    `full` False: those of them in `SUITE_PREFILL_TILES`."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from prefill_attention import TILES
 
-    return [prefill.parse_tile(name) for name in TILES.split(",")]
+    names = TILES.split(",")
+    missing = set(SUITE_PREFILL_TILES) - set(names)
+    assert full or not missing, f"the suite's prefill tiles {sorted(missing)} are no longer swept: pick others"
+    return [prefill.parse_tile(name) for name in names if full or name in SUITE_PREFILL_TILES]
 
 
 if __name__ == "__main__":
     compile_all("bf16", group=4, head_dim=128, capped=True)
-    # The benchmark's swept tiles in bfloat16 (what it runs); in float16 only with HELIOS_COMPILE_SWEEP=1
-    # (the suite's time: each swept tile compiles twice over otherwise, and the shapes differ only in dtype,
-    # group and head width, which the default tiles above still cover).
-    compile_all("fp16", group=3, head_dim=96, swept=os.environ.get("HELIOS_COMPILE_SWEEP") == "1")
+    # The benchmark's swept tiles in bfloat16 (what it runs: all of them with HELIOS_COMPILE_SWEEP=1, else
+    # SUITE_PREFILL_TILES and SUITE_DECODE); in float16 only with HELIOS_COMPILE_SWEEP=1 (the suite's time: each
+    # swept tile compiles twice over otherwise, and the shapes differ only in dtype, group and head width,
+    # which the default tiles above still cover).
+    compile_all("fp16", group=3, head_dim=96, swept=SWEEP)
