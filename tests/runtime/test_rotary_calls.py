@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 import helios.abi.attention  # noqa: F401 (registers the ops)
+import helios.abi.attention_chunked  # noqa: F401
 import helios.abi.attention_sinks  # noqa: F401
 import helios.abi.fused  # noqa: F401
 import helios.abi.rotary_attention  # noqa: F401
@@ -109,6 +110,28 @@ def test_the_inverse_rewrite_restores_each_pair():
 def test_modules_without_a_pair_are_returned_as_they_are():
     module = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),), strict=False).module()
     assert rotary_module(module, enabled=True) is module
+
+
+class _WithChunked(_Layers):
+    """The four fusable layers, then a layer of chunked attention (Llama 4's local layers)."""
+
+    def forward(self, qkv, cos, sin, k_cache, v_cache, slots, page_table, starts, positions, sinks, splits):
+        outs = super().forward(qkv, cos, sin, k_cache, v_cache, slots, page_table, starts, positions, sinks, splits)
+        q = qkv[0, :, :HEADS * DIM].reshape(ROWS, HEADS, DIM)
+        chunked = OPS.paged_attention_chunked(q, k_cache[0], v_cache[0], page_table, starts, positions, 0.35, 0, 4)
+        return torch.cat([outs, chunked[None]])
+
+
+def test_programs_with_chunked_attention_keep_their_pairs(monkeypatch):
+    """Llama 4's programs are captured unfused (`rotary_calls.FUSE_WITH_CHUNKED`: its CUDA tokens
+    differed with the fusion); the switch fuses them as any other program."""
+    exported = torch.export.export(_WithChunked(), tuple(_inputs()), strict=False).module()
+    assert rotary_module(exported, enabled=True) is exported
+    monkeypatch.setattr(rotary_calls, "FUSE_WITH_CHUNKED", True)
+    fused = rotary_module(exported, enabled=True)
+    assert _targets(fused).count(OPS.rotary_paged_attention.default) == len(ATTENTION)
+    for got, expected in zip(_run(fused), _run(exported)):
+        assert torch.equal(got, expected)
 
 
 def test_fusion_at_capture_follows_the_switch():

@@ -17,6 +17,7 @@ import copy
 import torch
 
 import helios.abi.attention  # noqa: F401  (registers the ops named below)
+import helios.abi.attention_chunked  # noqa: F401
 import helios.abi.attention_sinks  # noqa: F401
 import helios.abi.fused  # noqa: F401
 import helios.abi.rotary_attention  # noqa: F401
@@ -33,6 +34,7 @@ _ATTENTION = {
     _OPS.paged_attention_sinks_tuned.default: (8, 9),
 }
 _BY_OPTIONALS = {value: key for key, value in _ATTENTION.items()}
+_CHUNKED = _OPS.paged_attention_chunked.default
 ATTENTION_OPTIONALS = _ATTENTION  # (read only) for other capture-time rewrites of the same pairs
 # Whether `helios.runtime.loading.cuda_graphs` fuses the pairs when it captures a program. On: on the H200
 # the fused launch matched the two launches bit for bit at 8B shapes (bench/rotary_attention_ab.py, six
@@ -42,6 +44,13 @@ ATTENTION_OPTIONALS = _ATTENTION  # (read only) for other capture-time rewrites 
 # fusion at 1.013x, 1.016x and 1.003x of the unfused capture at batch 1, 64 and 256 (1.20x, 1.15x, 1.08x
 # of the anchor). False restores the two launches (`--rotary-fusion off` in bench/anchor_compare.py).
 FUSE_AT_CAPTURE = True
+# Whether programs with chunked attention (``helios::paged_attention_chunked``: Llama 4) fuse their other
+# pairs. Off: Llama 4's float32 core gave other greedy tokens than the CPU in CUDA graphs with its full
+# layers' pairs fused, and the CPU's tokens without the fusion or eager (bench/results/h100_session58,
+# call 3); on the CPU the fused programs on recorded inputs equal the unfused ones bit for bit, the
+# fused kernel interpreted, so the difference is the compiled path's and not yet found
+# (bench/results/h100_session58/llama4_bisect.py). Every other family fuses (52 agree on CUDA).
+FUSE_WITH_CHUNKED = False
 # Fused calls of at most this many tokens (static) get their output projection's weight as the L2
 # prefetch hint at capture; 0: none (the hint is measured by bench/rotary_attention_ab.py and the step
 # A/B of bench/decode_step_profile.py before it is adopted).
@@ -152,11 +161,13 @@ def _projection_weight(node: torch.fx.Node):
 
 def rotary_module(module, enabled: bool | None = None):
     """A module computing `module`'s program with its rotary/attention pairs fused (a new graph sharing
-    `module`'s attributes), or `module` itself when it has no graph or no pair, or when fusion is not
-    `enabled` (default: `FUSE_AT_CAPTURE`)."""
+    `module`'s attributes), or `module` itself when it has no graph or no pair, when fusion is not
+    `enabled` (default: `FUSE_AT_CAPTURE`), or when it calls chunked attention (`FUSE_WITH_CHUNKED`)."""
     enabled = FUSE_AT_CAPTURE if enabled is None else enabled
     if not enabled or not isinstance(module, torch.fx.GraphModule) \
             or not any(fusable_attention(n) for n in module.graph.nodes):
+        return module
+    if not FUSE_WITH_CHUNKED and any(n.op == "call_function" and n.target is _CHUNKED for n in module.graph.nodes):
         return module
     graph = copy.deepcopy(module.graph)
     fuse_rotary_attention(graph)
