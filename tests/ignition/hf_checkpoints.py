@@ -550,6 +550,16 @@ def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
+# K-EXAONE (tests/ignition/test_exaone_moe_recipe.py): per-head q/k norms, sliding, sliding, global layers over a window
+# of 5 (the global layer rotates nothing); a dense then two sparse layers: 8 experts routed as DeepSeek-V3 routes
+# (sigmoid with the correction bias, 2 groups of which 1 is kept, top-3 renormalised and scaled by 2) beside a shared
+# expert; untied.
+EXAONE_MOE = Family("exaone_moe", transformers.ExaoneMoeConfig, (
+    ("num_hidden_layers", 3), ("sliding_window", 5), ("sliding_window_pattern", 3), ("first_k_dense_replace", 1),
+    ("num_experts", 8), ("num_experts_per_tok", 3), ("n_group", 2), ("topk_group", 1), ("moe_intermediate_size", 32),
+    ("num_shared_experts", 1), ("routed_scaling_factor", 2.0), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
             parameter.copy_(_draw(name, parameter, generator))
         for name, buffer in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # sigmoid routing's choice bias

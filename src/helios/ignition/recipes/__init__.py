@@ -16,6 +16,7 @@ OLMo 3 (`olmo`), Cohere Command R and Cohere2 (`cohere`), StarCoder2 (`starcoder
 Multi-head latent attention: DeepSeek-V3 and GLM-4.7-Flash (`deepseek`), DeepSeek-V2 and V2-Lite
 (`deepseek_v2`); with DeepSeek Sparse Attention's token indexer DeepSeek-V3.2 and GLM-5
 (`deepseek_v32`). dots.llm1 (`dots1`: Qwen3's attention, DeepSeek-V3's experts).
+K-EXAONE (`exaone_moe`: EXAONE 4's q/k norms and NoPE global layers, DeepSeek-V3's experts).
 Llama 4 text decoders (`llama4`: chunked local attention, NoPE layers with temperature tuning,
 input-weighted sigmoid experts beside a shared expert). MiniMax-M2 (`minimax_m2`: q/k norms over whole projections,
 partial rotary, sigmoid routing with a correction bias). DBRX (`dbrx`: LayerNorms, clamped q/k/v, softmax
@@ -68,6 +69,7 @@ from helios.ignition.recipes import ministral
 from helios.ignition.recipes import olmo1
 from helios.ignition.recipes import ministral3
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes import exaone_moe
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
 from helios.ignition.recipes.fp8_blocks import tensors_for_config
@@ -116,6 +118,7 @@ _REGISTRY.update({name: olmo1.build for name in olmo1.ARCHITECTURES})
 _REGISTRY.update({name: ministral3.build for name in ministral3.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
 _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
+_REGISTRY.update({name: exaone_moe.build for name in exaone_moe.ARCHITECTURES})
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 
 
