@@ -16,10 +16,12 @@ untouched):
   nearest, ties to even. The fix rounds to nearest even (NaN stays NaN).
 
 And it makes one of its costs smaller: every call of a ``@triton.jit`` helper inside an interpreted
-kernel lists each ``triton.language`` namespace with ``inspect.getmembers`` to patch its builtins
-(half the time of a kernel built from helpers, though the kernel's launch has patched them all
-already). The names of each namespace's builtins are listed once; each call still patches exactly
-the members whose current value is a builtin, as before.
+kernel patches the ``triton.language`` namespaces it sees again, listing each with
+``inspect.getmembers`` (half the time of a kernel built from helpers), though the kernel's launch
+has patched them all already and undoes its patches when it ends. The names of each namespace's
+builtins are listed once (each call still patches exactly the members whose current value is a
+builtin), and a helper whose namespaces the launch (or a helper before it) patched is not patched
+again.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def enable_interpreter() -> None:
     _fix_interpreter_bf16_dot()
     _fix_interpreter_bf16_rounding()
     _fix_interpreter_patch_cost()
+    _fix_interpreter_nested_patches()
 
 
 def _fix_interpreter_index() -> None:
@@ -125,3 +128,46 @@ def _fix_interpreter_patch_cost() -> None:
 
     patch_builtin.helios_listed_once = True
     interpreter._patch_builtin = patch_builtin
+
+
+def _fix_interpreter_nested_patches() -> None:
+    """Wrap the interpreter's ``_patch_lang`` once so a helper called inside a launch, whose language
+    namespaces the launch or an earlier helper patched, is not patched again (the launch's patches
+    hold until it ends; a helper's, which the interpreter never undoes, at least as long)."""
+    import inspect
+    import threading
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if getattr(interpreter._patch_lang, "helios_nested_once", False):
+        return
+    original = interpreter._patch_lang
+    launch = threading.local()  # .patched: ids of the namespaces the running launch patched, .scope: its scope
+
+    def namespaces(fn) -> frozenset[int]:
+        return frozenset(id(value) for value in fn.__globals__.values()
+                         if inspect.ismodule(value) and value in (tl, tl.core))
+
+    def patch_lang(fn):
+        seen = namespaces(fn)
+        patched = getattr(launch, "patched", None)
+        if patched is not None:  # a helper's call inside a launch (kernels launch no kernels)
+            if seen <= patched:
+                return launch.scope
+            original(fn)  # patches the namespaces the launch did not see, until the launch ends at least
+            launch.patched = patched | seen
+            return launch.scope
+        scope = original(fn)  # a launch: GridExecutor restores the scope when it ends
+        launch.patched, launch.scope = seen, scope
+        restore = scope.restore
+
+        def restore_and_end() -> None:
+            launch.patched = launch.scope = None
+            restore()
+
+        scope.restore = restore_and_end
+        return scope
+
+    patch_lang.helios_nested_once = True
+    interpreter._patch_lang = patch_lang
