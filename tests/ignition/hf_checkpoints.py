@@ -542,14 +542,6 @@ MINISTRAL3 = Family("ministral3", transformers.Ministral3Config, (
                          "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                          "llama_4_scaling_beta": 0.5}), *PHI3_IDS,
 ))
-
-def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
-    """The float32 reference model of `family` with every parameter re-drawn from `seed`."""
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(family.config()).float().eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
 # K-EXAONE (tests/ignition/test_exaone_moe_recipe.py): per-head q/k norms, sliding, sliding, global layers over a window
 # of 5 (the global layer rotates nothing); a dense then two sparse layers: 8 experts routed as DeepSeek-V3 routes
 # (sigmoid with the correction bias, 2 groups of which 1 is kept, top-3 renormalised and scaled by 2) beside a shared
@@ -560,6 +552,23 @@ EXAONE_MOE = Family("exaone_moe", transformers.ExaoneMoeConfig, (
     ("num_shared_experts", 1), ("routed_scaling_factor", 2.0), ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
 ))
+
+# Solar Open (tests/ignition/test_solar_open_recipe.py): q/k/v biases, 8 experts in every layer routed as DeepSeek-V3
+# routes (sigmoid with the correction bias, 2 groups of which 1 is kept, top-3 renormalised and scaled by 1.5) beside
+# two shared experts' width; untied.
+SOLAR_OPEN = Family("solar_open", transformers.SolarOpenConfig, (
+    ("head_dim", 16), ("attention_bias", True), ("n_routed_experts", 8), ("num_experts_per_tok", 3), ("n_group", 2),
+    ("topk_group", 1), ("moe_intermediate_size", 32), ("n_shared_experts", 2), ("routed_scaling_factor", 1.5),
+    ("tie_word_embeddings", False), ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
+
+def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
+    """The float32 reference model of `family` with every parameter re-drawn from `seed`."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(family.config()).float().eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
             parameter.copy_(_draw(name, parameter, generator))
         for name, buffer in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # sigmoid routing's choice bias

@@ -17,6 +17,7 @@ Multi-head latent attention: DeepSeek-V3 and GLM-4.7-Flash (`deepseek`), DeepSee
 (`deepseek_v2`); with DeepSeek Sparse Attention's token indexer DeepSeek-V3.2 and GLM-5
 (`deepseek_v32`). dots.llm1 (`dots1`: Qwen3's attention, DeepSeek-V3's experts).
 K-EXAONE (`exaone_moe`: EXAONE 4's q/k norms and NoPE global layers, DeepSeek-V3's experts).
+Solar Open (`solar_open`: Llama's attention, GLM-4.5's experts in every layer).
 Llama 4 text decoders (`llama4`: chunked local attention, NoPE layers with temperature tuning,
 input-weighted sigmoid experts beside a shared expert). MiniMax-M2 (`minimax_m2`: q/k norms over whole projections,
 partial rotary, sigmoid routing with a correction bias). DBRX (`dbrx`: LayerNorms, clamped q/k/v, softmax
@@ -68,8 +69,9 @@ from helios.ignition.recipes import helium
 from helios.ignition.recipes import ministral
 from helios.ignition.recipes import olmo1
 from helios.ignition.recipes import ministral3
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes import exaone_moe
+from helios.ignition.recipes import solar_open
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
 from helios.ignition.recipes.fp8_blocks import tensors_for_config
@@ -116,9 +118,10 @@ _REGISTRY.update({name: helium.build for name in helium.ARCHITECTURES})
 _REGISTRY.update({name: ministral.build for name in ministral.ARCHITECTURES})
 _REGISTRY.update({name: olmo1.build for name in olmo1.ARCHITECTURES})
 _REGISTRY.update({name: ministral3.build for name in ministral3.ARCHITECTURES})
+_REGISTRY.update({name: exaone_moe.build for name in exaone_moe.ARCHITECTURES})
+_REGISTRY.update({name: solar_open.build for name in solar_open.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
 _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
-_REGISTRY.update({name: exaone_moe.build for name in exaone_moe.ARCHITECTURES})
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 
 
