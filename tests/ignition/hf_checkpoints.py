@@ -393,6 +393,14 @@ FALCON_H1_NORMED = Family("falcon_h1_normed", transformers.FalconH1Config, (
     *_FALCON_H1_MULTIPLIERS,
 ))
 FALCON_H1_FAMILIES = (FALCON_H1, FALCON_H1_NORMED)
+# LFM2 (tests/ignition/test_lfm2_recipe.py): gated short convolutions (3 taps, biases) in layers 0 and 2, attention
+# with per-head q/k norms in layer 1; the MLP width auto-adjusted (2/3 of 96, times 1.5, a multiple of 16: 96); untied.
+LFM2 = Family("lfm2", transformers.Lfm2Config, (
+    ("num_hidden_layers", 3), ("layer_types", ["conv", "full_attention", "conv"]), ("conv_bias", True),
+    ("conv_L_cache", 3), ("block_auto_adjust_ff_dim", True), ("block_ffn_dim_multiplier", 1.5),
+    ("block_multiple_of", 16), ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}),
+    ("tie_word_embeddings", False),
+))
 NEMOTRON_H_MOE = Family("nemotron_h_moe", transformers.NemotronHConfig, (
     ("layers_block_type", ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"]),
     ("head_dim", 16), ("mamba_num_heads", 4), ("mamba_head_dim", 32), ("ssm_state_size", 8), ("n_groups", 1),

@@ -4,7 +4,8 @@ Same packed geometry and weights convention as `helios.ignition.decoder`; the la
 `Architecture.recurrent` run a Mamba2-style mixer instead of attention (in_proj, causal depthwise
 convolution, selective state-space scan, gated group RMS norm, out_proj), whose state advances in
 the slot's state rows through the ABI ops of `helios.abi.recurrent` - or, where the geometry is a
-`GatedDeltaNetGeometry`, a Gated DeltaNet layer (`helios.ignition.delta_mixer`). Attention layers
+`GatedDeltaNetGeometry`, a Gated DeltaNet layer (`helios.ignition.delta_mixer`); where a
+`ShortConvGeometry`, a gated short convolution (`helios.ignition.short_conv`). Attention layers
 norm each q/k head first where `Architecture.qk_norm`, rotate the leading
 `Architecture.rotary_width` head dims (partial rotary), keep their keys/values in the paged planes,
 indexed by attention-layer ordinal, and gate their output where `Architecture.attention_gate`. The arithmetic mirrors the Hugging Face
@@ -23,7 +24,8 @@ import helios.abi.recurrent  # noqa: F401  (registers helios::causal_conv_update
 from helios.ignition.architecture import Architecture
 from helios.ignition.decoder import PackedStep, apply_rotary, mlp_block, rms_norm, rotary_tables
 from helios.ignition.delta_mixer import delta_block
-from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry
+from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry, ShortConvGeometry
+from helios.ignition.short_conv import short_conv_block
 from helios.ignition.tensor_parallel import embed_tokens, row_parallel_linear
 
 
@@ -62,7 +64,8 @@ def hybrid_hidden(arch: Architecture, w: Mapping[str, torch.Tensor], storage: Hy
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
     cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
     mixers = {layer: index for index, layer in enumerate(arch.recurrent.layers)}
-    mixer = delta_block if isinstance(arch.recurrent, GatedDeltaNetGeometry) else mixer_block
+    mixer = (delta_block if isinstance(arch.recurrent, GatedDeltaNetGeometry)
+             else short_conv_block if isinstance(arch.recurrent, ShortConvGeometry) else mixer_block)
     attention = {layer: index for index, layer in enumerate(arch.attention_layers)}
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."

@@ -10,6 +10,8 @@ convolution window [conv_dim, conv_kernel - 1] in the model dtype and a float32 
 - `RecurrentGeometry`: a Mamba2 mixer (Bamba); state [heads, head_dim, state_size].
 - `GatedDeltaNetGeometry`: a Gated DeltaNet linear-attention layer (Qwen3-Next); state
   [value heads, key_head_dim, value_head_dim] (`helios::gated_delta_rule`).
+- `ShortConvGeometry`: a gated short convolution (LFM2); its whole state is the convolution window,
+  and its ``ssm_state`` row is a one-element placeholder no op reads or writes.
 
 Weight slots of a mixer layer i (after ``layers.i.input_norm``): ``layers.i.mixer.in_proj.weight``
 [intermediate + conv_dim + heads, H] (rows: gate z, then x/B/C, then dt), optional
@@ -30,6 +32,13 @@ convolution has none), ``layers.i.delta.dt_bias`` [Hv], ``layers.i.delta.A`` flo
 its SiLU gate z) and ``layers.i.delta.out.weight`` [H, value_dim]. Per token: q, k, v =
 silu(conv(in_proj rows)); beta = sigmoid(b); g = A softplus(a + dt_bias); o = the gated delta rule;
 out(norm(o) silu(z)) (`helios.ignition.delta_mixer`).
+
+Weight slots of a gated short convolution layer i (C channels, C = H): ``layers.i.short.in_proj.weight``
+[3 C, H] (rows: the input gate B, the output gate C, then x), optional ``layers.i.short.in_proj.bias``
+[3 C], ``layers.i.short.conv.weight`` [C, conv_kernel], ``layers.i.short.conv.bias`` [C] (zeros when the
+checkpoint has none), ``layers.i.short.out.weight`` [H, C], optional ``layers.i.short.out.bias``. Per
+token: y = C conv(B x) (the convolution over the gated inputs B x, its window in the state row), then
+out(y) (`helios.ignition.short_conv`).
 """
 
 from __future__ import annotations
@@ -140,10 +149,49 @@ class GatedDeltaNetGeometry:
         return found
 
 
+@dataclass(frozen=True)
+class ShortConvGeometry:
+    """Which layers are gated short convolutions (LFM2) and their extents (module docstring); under
+    tensor parallelism one rank's share of the channels."""
+
+    layers: tuple[int, ...]
+    channels: int
+    conv_kernel: int
+    bias: bool = False
+
+    @property
+    def conv_dim(self) -> int:
+        return self.channels
+
+    @property
+    def projection(self) -> int:
+        return 3 * self.channels
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        """A one-element placeholder: the convolution window (``conv_state``) is the layer's whole state."""
+        return (1, 1, 1)
+
+    def problems(self, num_layers: int) -> list[str]:
+        """Invariant violations (empty when the geometry is consistent)."""
+        found = []
+        if not self.layers or len(set(self.layers)) != len(self.layers):
+            found.append("short convolution layers must be distinct and at least one")
+        if any(not 0 <= layer < num_layers for layer in self.layers):
+            found.append(f"short convolution layers {self.layers} lie outside 0..{num_layers - 1}")
+        if self.channels < 1:
+            found.append("the short convolution needs at least one channel")
+        if self.conv_kernel < 2:
+            found.append("the short convolution needs at least 2 taps")
+        return found
+
+
 def mixer_slots(arch, prefix: str, slot) -> list:
     """Weight slots of one recurrent layer (see the module docstring); `slot(name, *shape)` makes one."""
     if isinstance(arch.recurrent, GatedDeltaNetGeometry):
         return _delta_slots(arch, prefix, slot)
+    if isinstance(arch.recurrent, ShortConvGeometry):
+        return _short_conv_slots(arch, prefix, slot)
     g: RecurrentGeometry = arch.recurrent
     p = prefix + "mixer."
     slots = [slot(p + "in_proj.weight", g.projection, arch.hidden_size)]
@@ -165,3 +213,16 @@ def _delta_slots(arch, prefix: str, slot) -> list:
             slot(p + "conv.weight", g.conv_dim, g.conv_kernel), slot(p + "conv.bias", g.conv_dim),
             slot(p + "dt_bias", g.num_value_heads), slot(p + "A", g.num_value_heads, dtype="float32"),
             slot(p + "norm", g.value_head_dim), slot(p + "out.weight", arch.hidden_size, g.value_dim)]
+
+
+def _short_conv_slots(arch, prefix: str, slot) -> list:
+    g: ShortConvGeometry = arch.recurrent
+    p = prefix + "short."
+    slots = [slot(p + "in_proj.weight", g.projection, arch.hidden_size)]
+    if g.bias:
+        slots.append(slot(p + "in_proj.bias", g.projection))
+    slots += [slot(p + "conv.weight", g.conv_dim, g.conv_kernel), slot(p + "conv.bias", g.conv_dim),
+              slot(p + "out.weight", arch.hidden_size, g.channels)]
+    if g.bias:
+        slots.append(slot(p + "out.bias", arch.hidden_size))
+    return slots

@@ -61,7 +61,7 @@ from helios.contract import manifest_pb2 as mpb
 from helios.core.catalogs import TensorView, WeightCatalog
 from helios.ignition.architecture import Architecture, CheckpointError
 from helios.ignition.recipes.base import NamedWeight, Recipe, check_weights
-from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry
+from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry, ShortConvGeometry
 from helios.ignition.safetensors_image import SafetensorsImage, safetensors_image
 
 
@@ -79,6 +79,8 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
     recurrent = arch.recurrent
     if isinstance(recurrent, GatedDeltaNetGeometry):  # key heads, each with the value heads reading it
         extents["linear-attention key heads (linear_num_key_heads)"] = recurrent.num_key_heads
+    elif isinstance(recurrent, ShortConvGeometry):  # channels (with their gates and convolution taps)
+        extents["short convolution channels (hidden_size)"] = recurrent.channels
     elif recurrent is not None:  # a mixer's heads and the B/C groups they read are split alike
         extents["mixer heads (mamba_n_heads)"] = recurrent.num_heads
         if recurrent.num_groups > 1:  # one group: B/C whole on every rank, the norm summed over ranks
@@ -98,6 +100,8 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
     if isinstance(recurrent, GatedDeltaNetGeometry):
         recurrent = dataclasses.replace(recurrent, num_key_heads=recurrent.num_key_heads // ranks,
                                         num_value_heads=recurrent.num_value_heads // ranks)
+    elif isinstance(recurrent, ShortConvGeometry):
+        recurrent = dataclasses.replace(recurrent, channels=recurrent.channels // ranks)
     elif recurrent is not None:
         split = recurrent.num_groups > 1
         recurrent = dataclasses.replace(recurrent, num_heads=recurrent.num_heads // ranks,
@@ -148,6 +152,8 @@ class _Cutter:
             return self.mixer(key, tensor)
         if key.startswith("delta."):
             return self.delta(key, tensor)
+        if key.startswith("short.") and key != "short.out.bias":
+            return self.short_conv(key, tensor)
         if key == "o.weight":
             return self.columns(tensor, self.shard.attention_out_size)
         if key in ("q.weight", "q_b.weight", "kv_b.weight"):  # latent attention: per-head rows
@@ -188,6 +194,16 @@ class _Cutter:
             shares += [shard.value_dim, shard.num_value_heads, shard.num_value_heads]
         parts = tensor.split(widths)  # delta.conv.weight / delta.conv.bias: q | k | v channels
         return torch.cat([self.rows(part, share) for part, share in zip(parts, shares)]).contiguous()
+
+    def short_conv(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A gated short convolution's share: its channels' rows of B, C and x (in_proj), of the
+        convolution, and its channels' input columns of out (whose bias is added once, whole)."""
+        width = self.shard.recurrent.channels
+        if key == "short.out.weight":
+            return self.columns(tensor, width)
+        if key in ("short.in_proj.weight", "short.in_proj.bias"):  # B | C | x
+            return torch.cat([self.rows(part, width) for part in tensor.chunk(3)]).contiguous()
+        return self.rows(tensor, width).contiguous()  # short.conv.weight / short.conv.bias
 
     def gate_up(self, tensor: torch.Tensor, full: int, width: int, dim: int = 0) -> torch.Tensor:
         gate, up = tensor.split([full, full], dim=dim)

@@ -32,7 +32,7 @@ Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qw
 (`qwen3_next`, Gated DeltaNet linear attention and gated attention), Granite 4.0
 (`granitemoehybrid`, Mamba2 mixers with Granite's multipliers and experts), Nemotron-H
 (`nemotron_h`, Mamba2, attention and relu2 MLP blocks), Falcon-H1 (`falcon_h1`, attention and a
-Mamba2 mixer side by side in every layer).
+Mamba2 mixer side by side in every layer), LFM2 (`lfm2`, gated short convolutions and attention).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from helios.ignition.recipes import phimoe
 from helios.ignition.recipes import granitemoehybrid
 from helios.ignition.recipes import nemotron_h
 from helios.ignition.recipes import falcon_h1
+from helios.ignition.recipes import lfm2
 from helios.ignition.recipes import exaone4
 from helios.ignition.recipes import apertus
 from helios.ignition.recipes import arcee
@@ -108,6 +109,7 @@ _REGISTRY.update({name: phimoe.build for name in phimoe.ARCHITECTURES})
 _REGISTRY.update({name: granitemoehybrid.build for name in granitemoehybrid.ARCHITECTURES})
 _REGISTRY.update({name: nemotron_h.build for name in nemotron_h.ARCHITECTURES})
 _REGISTRY.update({name: falcon_h1.build for name in falcon_h1.ARCHITECTURES})
+_REGISTRY.update({name: lfm2.build for name in lfm2.ARCHITECTURES})
 _REGISTRY.update({name: exaone4.build for name in exaone4.ARCHITECTURES})
 _REGISTRY.update({name: apertus.build for name in apertus.ARCHITECTURES})
 _REGISTRY.update({name: arcee.build for name in arcee.ARCHITECTURES})

@@ -1,0 +1,132 @@
+"""Recipe for LFM2 checkpoints (Lfm2ForCausalLM): hybrids of gated short convolutions and attention.
+
+``layer_types`` (or, where missing, ``full_attn_idxs``: the attention layers, every layer when null,
+as Lfm2Config derives it) names each layer ``conv`` - a gated short convolution (LFM2's ShortConv:
+y = C conv(B x), its window of ``conv_L_cache`` - 1 inputs in state rows;
+`helios.ignition.recurrent_geometry.ShortConvGeometry`, `helios.ignition.short_conv`) - or
+``full_attention``: grouped-query rotary attention with per-head q/k RMS norms before the rotation.
+Every layer has ``operator_norm`` before its mixer and ``ffn_norm`` before a gated SiLU MLP
+(w1 gate, w3 up, w2 down); ``embedding_norm`` is the final norm. ``conv_bias`` gives both
+projections and the convolution of the short convolutions their biases. The MLP's width is
+``intermediate_size``, or under ``block_auto_adjust_ff_dim`` 2/3 of it (times
+``block_ffn_dim_multiplier`` and rounded up to ``block_multiple_of`` where the multiplier is set),
+as Lfm2MLP sizes it.
+
+Refused by name: rope types other than the default, layer kinds other than the two, a decoder
+without a short convolution layer (a plain decoder, which LFM2 checkpoints are not).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from helios.ignition.architecture import Architecture
+from helios.ignition.recipes import bamba, llama
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
+from helios.ignition.recipes.checkpoint import CheckpointTensors
+from helios.ignition.recurrent_geometry import ShortConvGeometry
+
+ARCHITECTURES = ("Lfm2ForCausalLM",)
+LAYER_KINDS = ("conv", "full_attention")
+
+
+def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
+    arch = architecture_from_config(config, tensors, dtype)
+    weights, used = prepared_weights(arch, config, tensors)
+    return llama.placed_recipe(source, arch, weights, used, tensors)
+
+
+def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """Each layer's kind, from ``layer_types`` or Lfm2Config's ``full_attn_idxs`` rule."""
+    num_layers = int(config["num_hidden_layers"])
+    kinds = config.get("layer_types")
+    if kinds is None:
+        attention = config.get("full_attn_idxs")
+        attention = set(range(num_layers) if attention is None else attention)
+        kinds = ["full_attention" if i in attention else "conv" for i in range(num_layers)]
+    kinds = tuple(kinds)
+    if len(kinds) != num_layers or not set(kinds) <= set(LAYER_KINDS):
+        raise UnsupportedCheckpoint(f"layer_types {list(kinds)} must give each of the {num_layers} layers one of "
+                                    f"{LAYER_KINDS}")
+    if "conv" not in kinds:
+        raise UnsupportedCheckpoint("layer_types without a 'conv' layer are not supported (a hybrid with short "
+                                    "convolutions)")
+    return kinds
+
+
+def mlp_width(config: Mapping[str, Any]) -> int:
+    """Lfm2MLP's intermediate width."""
+    width = int(config["intermediate_size"])
+    if config.get("block_auto_adjust_ff_dim", True):
+        width = int(2 * width / 3)
+        multiplier = config.get("block_ffn_dim_multiplier", 1.0)
+        if multiplier is not None:
+            multiple = int(config.get("block_multiple_of", 256))
+            if multiple < 1:
+                raise UnsupportedCheckpoint(f"block_multiple_of {multiple} must be >= 1")
+            width = int(multiplier * width)
+            width = multiple * ((width + multiple - 1) // multiple)
+    return width
+
+
+def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Architecture:
+    rope = llama.rope_parameters(config)  # refuses a partial rotary factor: the reference rotates whole heads
+    if rope["rope_type"] != "default":
+        raise UnsupportedCheckpoint(f"rope_type {rope['rope_type']!r} is not supported (only 'default')")
+    hidden, num_layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    num_heads = int(config["num_attention_heads"])
+    kinds = layer_kinds(config)
+    bias = bool(config.get("conv_bias", False))
+    return Architecture(
+        vocab_size=int(config["vocab_size"]), hidden_size=hidden, intermediate_size=mlp_width(config),
+        num_layers=num_layers, num_heads=num_heads, num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+        head_dim=int(config.get("head_dim") or hidden // num_heads), rms_norm_eps=float(config.get("norm_eps", 1e-5)),
+        layer_windows=(0,) * num_layers, qk_norm=True,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", config.get("tie_embedding", True))),
+        dtype=dtype or bamba.checkpoint_dtype(config, tensors),
+        recurrent=ShortConvGeometry(layers=tuple(i for i, kind in enumerate(kinds) if kind == "conv"),
+                                    channels=hidden, conv_kernel=int(config.get("conv_L_cache", 3)), bias=bias),
+    )
+
+
+def prepared_weights(arch: Architecture, config: Mapping[str, Any], tensors: CheckpointTensors):
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        used.add(name)
+        return tensors.get(name).to(arch.torch_dtype)
+
+    g: ShortConvGeometry = arch.recurrent
+    weights = [NamedWeight("embed", take("model.embed_tokens.weight"))]
+    for layer in range(arch.num_layers):
+        src, dst = f"model.layers.{layer}.", f"layers.{layer}."
+        weights.append(NamedWeight(dst + "input_norm", take(src + "operator_norm.weight")))
+        if layer in g.layers:
+            conv, short = src + "conv.", dst + "short."
+            weights.append(NamedWeight(short + "in_proj.weight", take(conv + "in_proj.weight")))
+            if g.bias:
+                weights.append(NamedWeight(short + "in_proj.bias", take(conv + "in_proj.bias")))
+            conv_bias = take(conv + "conv.bias") if g.bias else torch.zeros(g.conv_dim, dtype=arch.torch_dtype)
+            weights += [NamedWeight(short + "conv.weight",
+                                    take(conv + "conv.weight").reshape(g.conv_dim, g.conv_kernel)),
+                        NamedWeight(short + "conv.bias", conv_bias),
+                        NamedWeight(short + "out.weight", take(conv + "out_proj.weight"))]
+            if g.bias:
+                weights.append(NamedWeight(short + "out.bias", take(conv + "out_proj.bias")))
+        else:
+            attn = src + "self_attn."
+            weights += [NamedWeight(dst + "qkv.weight", fused(take, [attn + f"{n}_proj.weight" for n in "qkv"])),
+                        NamedWeight(dst + "q_norm", take(attn + "q_layernorm.weight")),
+                        NamedWeight(dst + "k_norm", take(attn + "k_layernorm.weight")),
+                        NamedWeight(dst + "o.weight", take(attn + "out_proj.weight"))]
+        mlp = src + "feed_forward."
+        weights += [NamedWeight(dst + "post_norm", take(src + "ffn_norm.weight")),
+                    NamedWeight(dst + "gate_up.weight", fused(take, [mlp + "w1.weight", mlp + "w3.weight"])),
+                    NamedWeight(dst + "down.weight", take(mlp + "w2.weight"))]
+    weights.append(NamedWeight("final_norm", take("model.embedding_norm.weight")))
+    if not arch.tie_word_embeddings:
+        weights.append(NamedWeight("lm_head", take("lm_head.weight")))
+    weights.append(NamedWeight("rope.inv_freq", llama.rope_inv_freq(config, arch.rotary_width)))
+    return tuple(weights), used

@@ -1,0 +1,47 @@
+"""The short-convolution hybrids (LFM2) served by the generic runtime (tests/runtime/test_hybrid_runtime.py's plan
+and helpers): a continuous batch gives transformers' float32 greedy tokens; a prompt extending an earlier one
+restores that one's snapshot (convolution windows and partial page) with the reference's tokens; preemption with
+the state rows offloaded to host slots and restored gives the same tokens. Each request's whole recurrent state is
+its convolution windows (the ``ssm_state`` rows are one-element placeholders)."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from helios.runtime.offline import generate
+from helios.runtime.records.plan import StorageKind
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
+from ignition.hf_checkpoints import LFM2
+
+from .test_hybrid_runtime import NAMESPACE, PROMPTS, STEPS, prepare_signed, reference_tokens, runtime_of
+
+
+@pytest.fixture(scope="module", params=[LFM2], ids=lambda family: family.name)
+def served(request, tmp_path_factory):
+    """(core directory, transformers reference) of the family's signed core."""
+    root = tmp_path_factory.mktemp(request.param.name)
+    checkpoint = prepare_signed(request.param, root, NAMESPACE)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).float().eval()
+    reference.generation_config.eos_token_id = None
+    return root, reference, [reference_tokens((root, reference), prompt) for prompt in PROMPTS]
+
+
+def test_a_preempted_batch_and_a_restored_snapshot_give_the_reference_tokens(served):
+    """A batch preempted with its state rows offloaded to host slots and restored; then (enough pages to keep
+    snapshots) a prompt extending an earlier one restores that one's snapshot."""
+    root, reference, expected = served
+    runtime = runtime_of((root, reference), num_pages=17, host_pages=32,
+                         policy=SchedulerPolicy(preemption=PreemptionMode.OFFLOAD))
+    results = generate(runtime.engine, PROMPTS, STEPS)
+    counters = runtime.engine.scheduler.counters()
+    assert counters.preemptions > 0 and counters.snapshots_published > 0
+    assert [list(r.token_ids) for r in results] == expected
+    conv_state = runtime.engine.executor.storage.planes(StorageKind.HOST)[1][0]
+    assert conv_state.tensor.abs().sum() > 0  # the windows went to host slots and back
+    runtime.engine.scheduler.check_invariants()
+    warm = runtime_of((root, reference))
+    generate(warm.engine, [PROMPTS[0]], STEPS)  # publishes a snapshot at its prompt boundary
+    assert list(generate(warm.engine, [PROMPTS[1]], STEPS)[0].token_ids) == expected[1]
+    counters = warm.engine.scheduler.counters()
+    assert counters.snapshots_restored == 1 and counters.prefix_reused_tokens >= len(PROMPTS[0])
