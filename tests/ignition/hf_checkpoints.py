@@ -570,6 +570,17 @@ SOLAR_OPEN = Family("solar_open", transformers.SolarOpenConfig, (
     ("tie_word_embeddings", False), ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
 ))
 
+# AFMoE (tests/ignition/test_afmoe_recipe.py): per-head q/k norms, sliding, sliding, full layers over a window of 5 (the
+# full layer rotates nothing), the attention output gated by sigmoid(gate_proj x), q/k/v/o biases, four norms a layer,
+# embeddings scaled by sqrt(64) (mup_enabled); a dense then two sparse layers: 8 experts, top-3 of the sigmoid scores
+# plus a correction bias, renormalised and scaled by 1.5, beside a shared expert; untied.
+AFMOE = Family("afmoe", transformers.AfmoeConfig, (
+    ("num_hidden_layers", 3), ("head_dim", 16), ("global_attn_every_n_layers", 3), ("sliding_window", 5),
+    ("num_dense_layers", 1), ("num_experts", 8), ("num_experts_per_tok", 3), ("moe_intermediate_size", 32),
+    ("num_shared_experts", 1), ("route_scale", 1.5), ("mup_enabled", True), ("attention_bias", True),
+    ("tie_word_embeddings", False), ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
+
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""
     torch.manual_seed(seed)

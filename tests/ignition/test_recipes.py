@@ -123,7 +123,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "GlmForCausalLM", "HeliumForCausalLM", "MinistralForCausalLM",
                                             "InternLM3ForCausalLM", "VaultGemmaForCausalLM",
                                             "OlmoForCausalLM", "Ministral3ForCausalLM", "Lfm2ForCausalLM",
-                                            "ExaoneMoeForCausalLM", "SolarOpenForCausalLM"}
+                                            "ExaoneMoeForCausalLM", "SolarOpenForCausalLM",
+                                            "AfmoeForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -58,7 +58,7 @@ attention. Their ``mlp_free_layers`` end after the mixer or attention: no ``post
 slots (Nemotron-H's blocks, where a mixer need not be followed by an MLP). With ``parallel_mixer``
 (Falcon-H1) every layer holds both: its attention slots (``qkv`` ... ``o``) right after ``input_norm``,
 then its mixer's; both read the input norm's output and their outputs are added to the residual.
-With ``attention_gate`` (Qwen3-Next, hybrid decoders only) the attention layers'
+With ``attention_gate`` (Qwen3-Next, AFMoE; not with latent attention) the attention layers'
 ``qkv.weight`` / ``qkv.bias`` rows end with Hq D output-gate rows: the attended values are multiplied
 by sigmoid(gate) per channel before ``o``.
 
@@ -271,7 +271,7 @@ class Architecture:
     # leading head dims that rotary embeddings rotate (0: all of head_dim).
     recurrent: RecurrentGeometry | GatedDeltaNetGeometry | ShortConvGeometry | None = None
     rotary_dim: int = 0
-    attention_gate: bool = False  # attention output gated by sigmoid of extra q rows (hybrid decoders only)
+    attention_gate: bool = False  # attention output gated by sigmoid of extra q-sized rows (after q, k and v)
     moe: MixtureOfExperts | None = None
     latent: LatentAttention | None = None  # multi-head latent attention (see the module docstring)
     indexer: TokenIndexer | None = None  # latent attention over the positions an indexer selects
@@ -332,8 +332,8 @@ class Architecture:
             problems = self.recurrent.problems(self.num_layers)
             if problems or not self.attention_layers:
                 raise CheckpointError("; ".join(problems or ["a hybrid decoder needs at least one attention layer"]))
-        if self.attention_gate and self.recurrent is None:
-            raise CheckpointError("attention_gate: only a hybrid decoder's attention layers gate their output")
+        if self.attention_gate and (self.latent is not None or self.qkv_clip):
+            raise CheckpointError("attention_gate: latent attention and clamped q/k/v do not gate their output")
         if self.qk_norm_after_rotary and (not self.qk_norm or self.latent is not None or self.recurrent is not None):
             raise CheckpointError("qk_norm_after_rotary needs q/k norms of plain attention layers")
         if self.nope_layers and (not set(self.nope_layers) <= set(range(self.num_layers))

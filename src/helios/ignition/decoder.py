@@ -163,7 +163,10 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     if arch.qkv_clip:  # DBRX: q, k and v clamped elementwise (each rank its rows alike)
         qkv = qkv.clamp(-arch.qkv_clip, arch.qkv_clip)
-    q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
+    if arch.attention_gate:  # AFMoE: output-gate rows after q, k and v
+        q, k, v, gate = qkv.split([arch.q_size, arch.kv_size, arch.kv_size, arch.q_size], dim=-1)
+    else:
+        q, k, v = qkv.split([arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
     if arch.qk_norm_whole:  # OLMo 2: one norm over each whole projection, before the heads are split
         q, k = projection_norm(arch, q, w[prefix + "q_norm"]), projection_norm(arch, k, w[prefix + "k_norm"])
     q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
@@ -183,6 +186,8 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     attended = paged_attention(arch, w.get(prefix + "sinks"), layer, q, k_plane, v_plane,
                                step if table is step.page_table else step._replace(page_table=table))
     attended = attended.reshape(num_tokens, arch.q_size)
+    if arch.attention_gate:  # each attended channel times sigmoid of its gate row, before o
+        attended = attended * torch.sigmoid(gate)
     if rows is not None:
         attended = attended[rows]
     return out(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))

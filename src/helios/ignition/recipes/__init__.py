@@ -17,7 +17,8 @@ Multi-head latent attention: DeepSeek-V3 and GLM-4.7-Flash (`deepseek`), DeepSee
 (`deepseek_v2`); with DeepSeek Sparse Attention's token indexer DeepSeek-V3.2 and GLM-5
 (`deepseek_v32`). dots.llm1 (`dots1`: Qwen3's attention, DeepSeek-V3's experts).
 K-EXAONE (`exaone_moe`: EXAONE 4's q/k norms and NoPE global layers, DeepSeek-V3's experts).
-Solar Open (`solar_open`: Llama's attention, GLM-4.5's experts in every layer).
+Solar Open (`solar_open`: Llama's attention, GLM-4.5's experts in every layer). AFMoE (`afmoe`: gated attention
+with NoPE full layers, four norms a layer, sigmoid experts with a choice bias).
 Llama 4 text decoders (`llama4`: chunked local attention, NoPE layers with temperature tuning,
 input-weighted sigmoid experts beside a shared expert). MiniMax-M2 (`minimax_m2`: q/k norms over whole projections,
 partial rotary, sigmoid routing with a correction bias). DBRX (`dbrx`: LayerNorms, clamped q/k/v, softmax
@@ -72,6 +73,7 @@ from helios.ignition.recipes import olmo1
 from helios.ignition.recipes import ministral3
 from helios.ignition.recipes import exaone_moe
 from helios.ignition.recipes import solar_open
+from helios.ignition.recipes import afmoe
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
@@ -122,6 +124,7 @@ _REGISTRY.update({name: olmo1.build for name in olmo1.ARCHITECTURES})
 _REGISTRY.update({name: ministral3.build for name in ministral3.ARCHITECTURES})
 _REGISTRY.update({name: exaone_moe.build for name in exaone_moe.ARCHITECTURES})
 _REGISTRY.update({name: solar_open.build for name in solar_open.ARCHITECTURES})
+_REGISTRY.update({name: afmoe.build for name in afmoe.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
 _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
