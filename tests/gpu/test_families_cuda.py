@@ -33,7 +33,8 @@ multipliers and attention with or without positions; Nemotron-H's layers without
 relu^2 MLP beside Mamba2 mixers (heads whose width is not a multiple of hidden_size), its non-gated relu^2
 experts (the Triton expert kernels' relu2 path) beside grouped sigmoid routing; Falcon-H1's attention and
 Mamba2 mixer side by side in every layer (gated without a norm, or with the gated norm). LFM2's gated short
-convolutions (``helios::causal_conv_update`` alone, its window the whole state) beside attention with q/k norms.
+convolutions (``helios::causal_conv_update`` alone, its window the whole state) beside attention with q/k norms
+(LFM2-MoE: beside sigmoid-routed experts with a choice bias).
 Llama 4's chunked local attention (``helios::paged_attention_chunked``, its Triton kernel), NoPE layers'
 temperature tuning and experts weighted on their inputs beside a shared expert; MiniMax-M2's whole-projection
 q/k norms under partial rotary beside sigmoid routing with a choice bias; DBRX's clamped q/k/v under LayerNorms
@@ -62,7 +63,7 @@ from ignition.hf_checkpoints import MINISTRAL3, OLMO1, VAULTGEMMA
 from ignition.hf_checkpoints import FALCON_H1_FAMILIES, GRANITE_HYBRID_FAMILIES, NEMOTRON_H, NEMOTRON_H_MOE
 from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2, PHIMOE
 from ignition.hf_checkpoints import AFMOE, EXAONE_MOE, SOLAR_OPEN
-from ignition.hf_checkpoints import LFM2
+from ignition.hf_checkpoints import LFM2, LFM2_MOE
 from ignition.test_deepseek_v32_recipe import DEEPSEEK_V32, GLM5
 from support.runtime_runs import first_difference, greedy_run, logits_error
 
@@ -81,7 +82,7 @@ def cores(tmp_path_factory) -> base.Cores:
                                     *LATENT_FAMILIES, DOTS1, YOUTU, QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE,
                                     EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, GLM, HELIUM, MINISTRAL, VAULTGEMMA, OLMO1, MINISTRAL3, *GRANITE_HYBRID_FAMILIES,
                                     NEMOTRON_H, NEMOTRON_H_MOE, *FALCON_H1_FAMILIES, LLAMA4, MINIMAX_M2, DBRX, PHIMOE,
-                                    DEEPSEEK_V32, GLM5, EXAONE_MOE, SOLAR_OPEN, LFM2, AFMOE],
+                                    DEEPSEEK_V32, GLM5, EXAONE_MOE, SOLAR_OPEN, LFM2, LFM2_MOE, AFMOE],
                          ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)

@@ -401,6 +401,13 @@ LFM2 = Family("lfm2", transformers.Lfm2Config, (
     ("block_multiple_of", 16), ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}),
     ("tie_word_embeddings", False),
 ))
+# LFM2-MoE (tests/ignition/test_lfm2_recipe.py): LFM2's layers without biases, layer 0's MLP dense, layers 1 and 2 a
+# mixture of 8 experts: top-3 of the sigmoid scores plus a random choice bias, renormalised and scaled by 1.5; tied.
+LFM2_MOE = Family("lfm2_moe", transformers.Lfm2MoeConfig, (
+    ("num_hidden_layers", 3), ("layer_types", ["conv", "full_attention", "conv"]), ("num_dense_layers", 1),
+    ("num_experts", 8), ("num_experts_per_tok", 3), ("moe_intermediate_size", 32), ("routed_scaling_factor", 1.5),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), ("tie_word_embeddings", True),
+))
 NEMOTRON_H_MOE = Family("nemotron_h_moe", transformers.NemotronHConfig, (
     ("layers_block_type", ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"]),
     ("head_dim", 16), ("mamba_num_heads", 4), ("mamba_head_dim", 32), ("ssm_state_size", 8), ("n_groups", 1),
@@ -590,7 +597,7 @@ def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
         for name, parameter in model.named_parameters():
             parameter.copy_(_draw(name, parameter, generator))
         for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # sigmoid routing's choice bias
+            if name.endswith(("e_score_correction_bias", "feed_forward.expert_bias")):  # sigmoid routing's choice bias
                 buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
     return model
 

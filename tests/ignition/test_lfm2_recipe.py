@@ -1,10 +1,11 @@
-"""LFM2 (Lfm2ForCausalLM) against transformers on a tiny random float32 checkpoint
-(tests/ignition/hf_checkpoints.py): gated short convolutions in layers 0 and 2 (their windows in state
-rows), attention with per-head q/k norms in layer 1.
+"""LFM2 (Lfm2ForCausalLM) and LFM2-MoE (Lfm2MoeForCausalLM) against transformers on tiny random float32
+checkpoints (tests/ignition/hf_checkpoints.py): gated short convolutions in layers 0 and 2 (their windows in
+state rows), attention with per-head q/k norms in layer 1; LFM2-MoE's experts in layers 1 and 2 (sigmoid
+routing with a choice bias, renormalised and scaled).
 
 Captured hybrid programs give the reference's logits and greedy tokens for a prompt prefilled in
 chunks (the convolution window carried between them) and decoded with the carried state, and for a
-continuous batch of different lengths; the gates' order matters; the layout, the MLP width and the
+continuous batch of different lengths; the gates' order and LFM2-MoE's choice bias matter; the layout, the MLP width and the
 layer kinds follow the config class; two ranks cut the channels; unsupported settings are refused by
 name. (The served core's snapshots and offload: tests/runtime/test_short_conv_runtime.py.)
 """
@@ -23,21 +24,56 @@ from helios.ignition.recurrent_geometry import ShortConvGeometry
 from helios.ignition.sharding import rank_architecture
 
 from . import test_equivalence as equivalence
-from .hf_checkpoints import LFM2, assert_refused
+from .hf_checkpoints import LFM2, LFM2_MOE, assert_refused
 from .test_granitemoehybrid_recipe import assert_chunked_prompt_matches, prepare_hybrid
+
+
+_PREPARED: dict = {}
+
+
+def _prepared(family, tmp_path_factory):
+    if family.name not in _PREPARED:
+        _PREPARED[family.name] = prepare_hybrid(family, tmp_path_factory.mktemp(family.name))
+    return _PREPARED[family.name]
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    return prepare_hybrid(LFM2, tmp_path_factory.mktemp("lfm2"))
+    return _prepared(LFM2, tmp_path_factory)
 
 
-def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(prepared):
-    assert_chunked_prompt_matches(prepared)
+@pytest.fixture(scope="module", params=[LFM2, LFM2_MOE], ids=lambda family: family.name)
+def each(request, tmp_path_factory):
+    return _prepared(request.param, tmp_path_factory)
 
 
-def test_a_continuous_batch_of_different_lengths_matches_transformers(prepared):
-    equivalence.test_continuous_batch_of_different_lengths_matches(prepared)
+def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(each):
+    assert_chunked_prompt_matches(each)
+
+
+def test_a_continuous_batch_of_different_lengths_matches_transformers(each):
+    equivalence.test_continuous_batch_of_different_lengths_matches(each)
+
+
+def test_the_experts_layout_and_the_choice_bias_matters(tmp_path_factory):
+    """LFM2-MoE: layer 0 dense, layers 1 and 2 sparse (per-expert w1 / w3 stacked as gate_up); routing
+    without its choice bias (``use_expert_bias`` off) gives other logits."""
+    import dataclasses
+
+    moe = _prepared(LFM2_MOE, tmp_path_factory)
+    arch, weights = moe.recipe.architecture, dict(moe.recipe.weights)
+    assert arch.moe.sparse_layers == (1, 2) and arch.moe.scoring == "sigmoid" and arch.moe.scale == 1.5
+    assert arch.moe.correction_bias and arch.moe.normalize and arch.intermediate_size == 96
+    assert arch.tie_word_embeddings and not arch.recurrent.bias and "lm_head" not in weights
+    state = moe.reference.state_dict()
+    experts = "model.layers.2.feed_forward.experts."  # the checkpoint's per-expert w1 / w3 / w2, stacked
+    assert torch.equal(weights["layers.2.experts.gate_up"], state[experts + "gate_up_proj"])
+    assert torch.equal(weights["layers.2.experts.down"], state[experts + "down_proj"])
+    assert torch.equal(weights["layers.2.router.correction_bias"], state["model.layers.2.feed_forward.expert_bias"])
+    assert torch.equal(weights["layers.0.short.conv.bias"], torch.zeros(64))  # no conv_bias: a zero bias
+    unbiased = dataclasses.replace(arch, moe=dataclasses.replace(arch.moe, correction_bias=False))
+    equivalence.assert_change_matters(moe, equivalence.random_prompt(16, seed=2), arch=unbiased,
+                                      weights=equivalence.layout_tensors(moe.recipe, unbiased))
 
 
 def test_the_gates_order_matters(prepared):
@@ -97,9 +133,10 @@ def test_mlp_width_and_layer_kinds_follow_the_config_class():
         layer_kinds({"num_hidden_layers": 4})  # every layer attends: no short convolution
 
 
-def test_config_defaults_are_the_config_class_defaults():
-    reference = transformers.Lfm2Config()
-    for key, value in REFERENCE_DEFAULTS["Lfm2ForCausalLM"].items():
+@pytest.mark.parametrize("source", ["Lfm2ForCausalLM", "Lfm2MoeForCausalLM"])
+def test_config_defaults_are_the_config_class_defaults(source):
+    reference = getattr(transformers, source.replace("ForCausalLM", "Config"))()
+    for key, value in REFERENCE_DEFAULTS[source].items():
         expected = reference.rope_parameters[key] if key == "rope_theta" else getattr(reference, key)
         assert value == expected, key
 
@@ -112,3 +149,11 @@ def test_config_defaults_are_the_config_class_defaults():
 ], ids=["rope_type", "partial rotary", "another layer kind", "no short convolution"])
 def test_unsupported_settings_are_refused_by_name(prepared, tmp_path, edit, named):
     assert_refused(prepared.directory, tmp_path, edit, named)
+
+
+def test_a_negative_dense_layer_count_is_refused_by_name():
+    from helios.ignition.recipes.lfm2 import mixture
+
+    with pytest.raises(UnsupportedCheckpoint, match="num_dense_layers"):
+        mixture("Lfm2MoeForCausalLM", {"num_dense_layers": -1}, 3)
+    assert mixture("Lfm2MoeForCausalLM", {"num_dense_layers": 3}, 3) is None  # every layer dense

@@ -122,7 +122,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "NemotronForCausalLM", "StableLmForCausalLM", "GPTNeoXForCausalLM",
                                             "GlmForCausalLM", "HeliumForCausalLM", "MinistralForCausalLM",
                                             "InternLM3ForCausalLM", "VaultGemmaForCausalLM",
-                                            "OlmoForCausalLM", "Ministral3ForCausalLM", "Lfm2ForCausalLM",
+                                            "OlmoForCausalLM", "Ministral3ForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
                                             "ExaoneMoeForCausalLM", "SolarOpenForCausalLM",
                                             "AfmoeForCausalLM"}
 

@@ -33,7 +33,7 @@ Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qw
 (`qwen3_next`, Gated DeltaNet linear attention and gated attention), Granite 4.0
 (`granitemoehybrid`, Mamba2 mixers with Granite's multipliers and experts), Nemotron-H
 (`nemotron_h`, Mamba2, attention and relu2 MLP blocks), Falcon-H1 (`falcon_h1`, attention and a
-Mamba2 mixer side by side in every layer), LFM2 (`lfm2`, gated short convolutions and attention).
+Mamba2 mixer side by side in every layer), LFM2 and LFM2-MoE (`lfm2`, gated short convolutions and attention).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Recipe for LFM2 checkpoints (Lfm2ForCausalLM): hybrids of gated short convolutions and attention.
+"""Recipe for LFM2 checkpoints (Lfm2ForCausalLM, Lfm2MoeForCausalLM): hybrids of gated short
+convolutions and attention.
 
 ``layer_types`` (or, where missing, ``full_attn_idxs``: the attention layers, every layer when null,
 as Lfm2Config derives it) names each layer ``conv`` - a gated short convolution (LFM2's ShortConv:
@@ -12,6 +13,15 @@ projections and the convolution of the short convolutions their biases. The MLP'
 ``block_ffn_dim_multiplier`` and rounded up to ``block_multiple_of`` where the multiplier is set),
 as Lfm2MLP sizes it.
 
+LFM2-MoE (Lfm2MoeForCausalLM): the same layers; the first ``num_dense_layers`` have the gated MLP of
+``intermediate_size`` (not adjusted), the others a mixture of ``num_experts`` gated SiLU experts of
+``moe_intermediate_size`` (w1, w3, w2 each) routed by sigmoid scores: the top ``num_experts_per_tok`` of
+the scores plus ``expert_bias`` (``use_expert_bias``; the bias only chooses), their sigmoid weights
+renormalised (``norm_topk_prob``) and scaled by ``routed_scaling_factor`` (`MixtureOfExperts`, no
+shared expert). The reference divides by the weights' sum + 1e-6, ``helios::moe_route`` by the sum +
+1e-20: the weights differ by a factor 1 / (1 + 1e-6 / sum), below float32 rounding's effect on logits
+for sums of top-k sigmoids (each in (0, 1)) that are not tiny.
+
 Refused by name: rope types other than the default, layer kinds other than the two, a decoder
 without a short convolution layer (a plain decoder, which LFM2 checkpoints are not).
 """
@@ -22,18 +32,20 @@ from typing import Any, Mapping
 
 import torch
 
-from helios.ignition.architecture import Architecture
+from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes import bamba, llama
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
+from helios.ignition.recipes.moe import ExpertNames, sparse_weights
 from helios.ignition.recurrent_geometry import ShortConvGeometry
 
-ARCHITECTURES = ("Lfm2ForCausalLM",)
+ARCHITECTURES = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM")
+_EXPERTS = ExpertNames("feed_forward.", "w1", "w3", "w2", router="gate.weight", correction_bias="expert_bias")
 LAYER_KINDS = ("conv", "full_attention")
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
-    arch = architecture_from_config(config, tensors, dtype)
+    arch = architecture_from_config(source, config, tensors, dtype)
     weights, used = prepared_weights(arch, config, tensors)
     return llama.placed_recipe(source, arch, weights, used, tensors)
 
@@ -71,7 +83,25 @@ def mlp_width(config: Mapping[str, Any]) -> int:
     return width
 
 
-def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Architecture:
+def mixture(source: str, config: Mapping[str, Any], num_layers: int) -> MixtureOfExperts | None:
+    """LFM2-MoE's sparse layers (all after the first num_dense_layers; None: none, or LFM2)."""
+    if source != "Lfm2MoeForCausalLM":
+        return None
+    dense = int(config.get("num_dense_layers", 2))
+    if dense < 0:
+        raise UnsupportedCheckpoint(f"num_dense_layers {dense} must be >= 0")
+    sparse = tuple(range(dense, num_layers))
+    if not sparse:
+        return None
+    return MixtureOfExperts(int(config["num_experts"]), int(config["num_experts_per_tok"]),
+                            int(config["moe_intermediate_size"]), sparse, scoring="sigmoid",
+                            normalize=bool(config.get("norm_topk_prob", True)),
+                            scale=float(config.get("routed_scaling_factor", 1.0)),
+                            correction_bias=bool(config.get("use_expert_bias", True)))
+
+
+def architecture_from_config(source: str, config: Mapping[str, Any], tensors: CheckpointTensors,
+                             dtype: str | None) -> Architecture:
     rope = llama.rope_parameters(config)  # refuses a partial rotary factor: the reference rotates whole heads
     if rope["rope_type"] != "default":
         raise UnsupportedCheckpoint(f"rope_type {rope['rope_type']!r} is not supported (only 'default')")
@@ -79,8 +109,13 @@ def architecture_from_config(config: Mapping[str, Any], tensors: CheckpointTenso
     num_heads = int(config["num_attention_heads"])
     kinds = layer_kinds(config)
     bias = bool(config.get("conv_bias", False))
+    moe = mixture(source, config, num_layers)
+    if moe is None:
+        width = mlp_width(config) if source == "Lfm2ForCausalLM" else int(config["intermediate_size"])
+    else:
+        width = int(config["intermediate_size"]) if len(moe.sparse_layers) < num_layers else 0
     return Architecture(
-        vocab_size=int(config["vocab_size"]), hidden_size=hidden, intermediate_size=mlp_width(config),
+        vocab_size=int(config["vocab_size"]), hidden_size=hidden, intermediate_size=width, moe=moe,
         num_layers=num_layers, num_heads=num_heads, num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
         head_dim=int(config.get("head_dim") or hidden // num_heads), rms_norm_eps=float(config.get("norm_eps", 1e-5)),
         layer_windows=(0,) * num_layers, qk_norm=True,
@@ -122,9 +157,12 @@ def prepared_weights(arch: Architecture, config: Mapping[str, Any], tensors: Che
                         NamedWeight(dst + "k_norm", take(attn + "k_layernorm.weight")),
                         NamedWeight(dst + "o.weight", take(attn + "out_proj.weight"))]
         mlp = src + "feed_forward."
-        weights += [NamedWeight(dst + "post_norm", take(src + "ffn_norm.weight")),
-                    NamedWeight(dst + "gate_up.weight", fused(take, [mlp + "w1.weight", mlp + "w3.weight"])),
-                    NamedWeight(dst + "down.weight", take(mlp + "w2.weight"))]
+        weights.append(NamedWeight(dst + "post_norm", take(src + "ffn_norm.weight")))
+        if arch.is_sparse(layer):
+            weights += sparse_weights(arch, layer, take, tensors, _EXPERTS)
+        else:
+            weights += [NamedWeight(dst + "gate_up.weight", fused(take, [mlp + "w1.weight", mlp + "w3.weight"])),
+                        NamedWeight(dst + "down.weight", take(mlp + "w2.weight"))]
     weights.append(NamedWeight("final_norm", take("model.embedding_norm.weight")))
     if not arch.tie_word_embeddings:
         weights.append(NamedWeight("lm_head", take("lm_head.weight")))
