@@ -588,6 +588,14 @@ AFMOE = Family("afmoe", transformers.AfmoeConfig, (
     ("tie_word_embeddings", False), ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
 ))
 
+# FlexOlmo (tests/ignition/test_flex_olmo_recipe.py): OLMo 2's block (norms only after the attention and the MLP, q/k
+# norms over whole projections) with q/k/v/o biases, 6 experts in every layer (top-2 of the softmax, renormalised), untied.
+FLEX_OLMO = Family("flex_olmo", transformers.FlexOlmoConfig, (
+    ("intermediate_size", 32), ("num_experts", 6), ("num_experts_per_tok", 2), ("norm_topk_prob", True),
+    ("attention_bias", True), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
+
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""
     torch.manual_seed(seed)

@@ -124,7 +124,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "InternLM3ForCausalLM", "VaultGemmaForCausalLM",
                                             "OlmoForCausalLM", "Ministral3ForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
                                             "ExaoneMoeForCausalLM", "SolarOpenForCausalLM",
-                                            "AfmoeForCausalLM"}
+                                            "AfmoeForCausalLM", "FlexOlmoForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [
