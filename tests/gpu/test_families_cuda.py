@@ -42,7 +42,9 @@ beside softmax experts; PhiMoE's SparseMixer routing (``helios::moe_route_sparse
 K-EXAONE's per-head q/k norms and unrotated global layers beside grouped sigmoid routing and a shared expert;
 Solar Open's q/k/v biases beside grouped sigmoid routing in every layer and a shared expert two experts wide;
 AFMoE's attention output gate (``Architecture.attention_gate`` in the plain decoder), NoPE full layers, four norms a
-layer and scaled embeddings beside sigmoid experts with a choice bias; FlexOlmo's OLMo 2 block beside softmax experts.
+layer and scaled embeddings beside sigmoid experts with a choice bias; FlexOlmo's OLMo 2 block beside softmax experts;
+Granite SWA's sinks (``helios::paged_attention_sinks``) with sliding layers, an unrotated layer and two rope tables,
+and Granite MoE SWA's sinks beside top-k softmax experts and a shared expert.
 DeepSeek-V3.2's and GLM-5's token indexer (``helios::index_key_write`` / ``index_topk`` /
 ``paged_latent_attention_selected``: torch bodies on CUDA, captured in graphs), GLM-5's shared layer.
 """
@@ -63,6 +65,7 @@ from ignition.hf_checkpoints import MINISTRAL3, OLMO1, VAULTGEMMA
 from ignition.hf_checkpoints import FALCON_H1_FAMILIES, GRANITE_HYBRID_FAMILIES, NEMOTRON_H, NEMOTRON_H_MOE
 from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2, PHIMOE
 from ignition.hf_checkpoints import AFMOE, EXAONE_MOE, FLEX_OLMO, SOLAR_OPEN
+from ignition.hf_checkpoints import GRANITE_MOE_SWA, GRANITE_SWA
 from ignition.hf_checkpoints import LFM2, LFM2_MOE
 from ignition.test_deepseek_v32_recipe import DEEPSEEK_V32, GLM5
 from support.runtime_runs import first_difference, greedy_run, logits_error
@@ -82,7 +85,8 @@ def cores(tmp_path_factory) -> base.Cores:
                                     *LATENT_FAMILIES, DOTS1, YOUTU, QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE,
                                     EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, GLM, HELIUM, MINISTRAL, VAULTGEMMA, OLMO1, MINISTRAL3, *GRANITE_HYBRID_FAMILIES,
                                     NEMOTRON_H, NEMOTRON_H_MOE, *FALCON_H1_FAMILIES, LLAMA4, MINIMAX_M2, DBRX, PHIMOE,
-                                    DEEPSEEK_V32, GLM5, EXAONE_MOE, SOLAR_OPEN, LFM2, LFM2_MOE, AFMOE, FLEX_OLMO],
+                                    DEEPSEEK_V32, GLM5, EXAONE_MOE, SOLAR_OPEN, LFM2, LFM2_MOE, AFMOE, FLEX_OLMO,
+                                    GRANITE_SWA, GRANITE_MOE_SWA],
                          ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)

@@ -596,6 +596,22 @@ FLEX_OLMO = Family("flex_olmo", transformers.FlexOlmoConfig, (
     ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
 ))
 
+# Granite SWA (tests/ignition/test_granite_swa_recipe.py): Granite's multipliers, a learned sink per head, a full
+# layer without positions (rope base 0) and two sliding layers over a window of 5 rotating with bases 1000 and 500
+# (two rotary tables), untied.
+GRANITE_SWA = Family("granite_swa", transformers.GraniteSWAConfig, (
+    ("num_hidden_layers", 3), ("sliding_window", 5), ("layer_rope_theta", [0, 1000.0, 500.0]),
+    *_GRANITE_MULTIPLIERS, ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
+# Granite MoE SWA: Granite MoE Shared's experts (4, top-2 softmax) and shared expert beside the sinks, sliding, full
+# layers over a window of 5 and one rope base, Granite's multipliers, untied.
+GRANITE_MOE_SWA = Family("granitemoe_swa", transformers.GraniteMoeSWAConfig, (
+    ("layer_types", ["sliding_attention", "full_attention"]), ("sliding_window", 5), ("intermediate_size", 32),
+    ("num_local_experts", 4), ("num_experts_per_tok", 2), ("shared_intermediate_size", 48), *_GRANITE_MULTIPLIERS,
+    ("tie_word_embeddings", False), ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
+
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""
     torch.manual_seed(seed)

@@ -124,7 +124,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "InternLM3ForCausalLM", "VaultGemmaForCausalLM",
                                             "OlmoForCausalLM", "Ministral3ForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
                                             "ExaoneMoeForCausalLM", "SolarOpenForCausalLM",
-                                            "AfmoeForCausalLM", "FlexOlmoForCausalLM"}
+                                            "AfmoeForCausalLM", "FlexOlmoForCausalLM",
+                                            "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

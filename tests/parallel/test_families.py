@@ -19,6 +19,7 @@ from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import QWEN3_NEXT
 from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2, PHIMOE
 from ignition.hf_checkpoints import AFMOE, EXAONE_MOE, FLEX_OLMO, SOLAR_OPEN
+from ignition.hf_checkpoints import GRANITE_MOE_SWA, GRANITE_SWA
 from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, GPT_NEOX, NEMOTRON, STABLELM
 from ignition.hf_checkpoints import FALCON_H1, GRANITE_HYBRID, NEMOTRON_H, NEMOTRON_H_MOE
 from ignition.hf_checkpoints import LFM2, LFM2_MOE
@@ -54,10 +55,12 @@ FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAM
 # MiniMax-M2 (OLMoE's whole-projection q/k norms under partial rotary), DBRX (q/k/v clamped on each rank's rows) and
 # PhiMoE (SparseMixer routing, whole on each rank), K-EXAONE (dots.llm1's experts beside EXAONE 4's attention),
 # Solar Open (GLM-4.5's experts in every layer), AFMoE (the output gate's rows by query head, as Qwen3-Next's),
-# FlexOlmo (OLMo 2's whole-projection q/k norms beside OLMoE's experts):
+# FlexOlmo (OLMo 2's whole-projection q/k norms beside OLMoE's experts), Granite SWA and Granite MoE SWA (sinks by
+# query head, as gpt-oss's; Granite SWA is dense but sweeps here with its MoE sibling):
 # shapes the families above already cut, so only with HELIOS_MOE_RANK_SWEEP=1 (about 25 s each).
 if os.environ.get("HELIOS_MOE_RANK_SWEEP") == "1":
-    FAMILIES += (LLAMA4, MINIMAX_M2, DBRX, PHIMOE, EXAONE_MOE, SOLAR_OPEN, AFMOE, FLEX_OLMO)
+    FAMILIES += (LLAMA4, MINIMAX_M2, DBRX, PHIMOE, EXAONE_MOE, SOLAR_OPEN, AFMOE, FLEX_OLMO,
+                 GRANITE_SWA, GRANITE_MOE_SWA)
 # EXAONE 4, Apertus, Arcee, Nemotron, StableLM and GPT-NeoX cut into shapes the families above cover (per-head q/k
 # norms, the non-gated MLP's rows, replicated LayerNorms and xIELU scalars, the parallel block with biases; GPT-NeoX's
 # MLP norm is whole on each rank like its input): two ranks only with HELIOS_DENSE_RANK_SWEEP=1.
