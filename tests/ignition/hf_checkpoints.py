@@ -401,6 +401,23 @@ LFM2 = Family("lfm2", transformers.Lfm2Config, (
     ("block_multiple_of", 16), ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}),
     ("tie_word_embeddings", False),
 ))
+# OLMo Hybrid (tests/ignition/test_olmo_hybrid_recipe.py): Gated DeltaNet layers 0 and 2 (2 key heads of 8, 4 value
+# heads of 12, beta doubled), an OLMo 2 attention layer 1 (whole-projection q/k norms, output norms, q/k/v/o biases);
+# untied. OLMO_HYBRID_NOPE: its attention unrotated (rope_theta null), beta not doubled, rms_norm_eps 0.1 (not the
+# output norm's 1e-5), tied.
+_OLMO_HYBRID_SHAPE = (
+    ("num_hidden_layers", 3), ("layer_types", ["linear_attention", "full_attention", "linear_attention"]),
+    ("linear_num_key_heads", 2), ("linear_num_value_heads", 4), ("linear_key_head_dim", 8),
+    ("linear_value_head_dim", 12), ("linear_conv_kernel_dim", 4), *PHI3_IDS,
+)
+OLMO_HYBRID = Family("olmo_hybrid", transformers.OlmoHybridConfig, (
+    *_OLMO_HYBRID_SHAPE, ("attention_bias", True), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}),
+))
+OLMO_HYBRID_NOPE = Family("olmo_hybrid_nope", transformers.OlmoHybridConfig, (
+    *_OLMO_HYBRID_SHAPE, ("linear_allow_neg_eigval", False), ("rms_norm_eps", 0.1), ("tie_word_embeddings", True),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": None}),
+))
 # LFM2-MoE (tests/ignition/test_lfm2_recipe.py): LFM2's layers without biases, layer 0's MLP dense, layers 1 and 2 a
 # mixture of 8 experts: top-3 of the sigmoid scores plus a random choice bias, renormalised and scaled by 1.5; tied.
 LFM2_MOE = Family("lfm2_moe", transformers.Lfm2MoeConfig, (

@@ -23,6 +23,7 @@ from ignition.hf_checkpoints import GRANITE_MOE_SWA, GRANITE_SWA
 from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, GPT_NEOX, NEMOTRON, STABLELM
 from ignition.hf_checkpoints import FALCON_H1, GRANITE_HYBRID, NEMOTRON_H, NEMOTRON_H_MOE
 from ignition.hf_checkpoints import LFM2, LFM2_MOE
+from ignition.hf_checkpoints import OLMO_HYBRID
 
 # Mixtral's experts are cut by the same code as Qwen3-MoE's (tests/parallel/test_moe_sharding.py covers
 # the cut itself); GLM-4.5 adds shared experts, dense first layers and partial rotary; gpt-oss attention
@@ -69,9 +70,10 @@ if os.environ.get("HELIOS_DENSE_RANK_SWEEP") == "1":
 # The Mamba2 hybrids after Bamba (split as Bamba's mixers are): Granite 4.0's experts, Nemotron-H's layers
 # without an MLP and non-gated relu2 experts, Falcon-H1's attention and mixer in one layer; LFM2's short
 # convolutions split by channels (their B/C/x rows, taps and windows; out's columns, its bias added once), beside
-# LFM2-MoE's experts.
+# LFM2-MoE's experts; OLMo Hybrid's Gated DeltaNet layers split as Qwen3-Next's, its whole-projection q/k norms'
+# squares summed over the ranks.
 if os.environ.get("HELIOS_HYBRID_RANK_SWEEP") == "1":
-    FAMILIES += (GRANITE_HYBRID, NEMOTRON_H, NEMOTRON_H_MOE, FALCON_H1, LFM2, LFM2_MOE)
+    FAMILIES += (GRANITE_HYBRID, NEMOTRON_H, NEMOTRON_H_MOE, FALCON_H1, LFM2, LFM2_MOE, OLMO_HYBRID)
 
 # DeepSeek-V3.2 and GLM-5: latent heads split as DeepSeek-V3's, the token indexer whole on each rank (every rank
 # selects alike and keeps the whole index plane): only with HELIOS_DSA_RANK_SWEEP=1 (about 25 s each).

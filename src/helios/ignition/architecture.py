@@ -58,6 +58,9 @@ attention. Their ``mlp_free_layers`` end after the mixer or attention: no ``post
 slots (Nemotron-H's blocks, where a mixer need not be followed by an MLP). With ``parallel_mixer``
 (Falcon-H1) every layer holds both: its attention slots (``qkv`` ... ``o``) right after ``input_norm``,
 then its mixer's; both read the input norm's output and their outputs are added to the residual.
+With ``post_norm_attention`` (OLMo Hybrid) the attention layers have no ``input_norm`` / ``post_norm``
+but ``attn_out_norm`` after ``o`` and ``mlp_out_norm`` after the MLP (OLMo 2's block): each output is
+normed before the residual adds it; the mixer layers keep their pre-norms.
 With ``attention_gate`` (Qwen3-Next, AFMoE; not with latent attention) the attention layers'
 ``qkv.weight`` / ``qkv.bias`` rows end with Hq D output-gate rows: the attended values are multiplied
 by sigmoid(gate) per channel before ``o``.
@@ -307,6 +310,9 @@ class Architecture:
     mlp_free_layers: tuple[int, ...] = ()  # no post_norm and no MLP slots: the layer ends after its mixer
     # Falcon-H1's layers: attention and a Mamba2 mixer side by side (every layer both), outputs added
     parallel_mixer: bool = False
+    # OLMo Hybrid's attention layers: no pre-norms, norms on the attention's and the MLP's outputs
+    # (``attn_out_norm`` / ``mlp_out_norm``); its mixer layers keep the pre-norms (hybrid decoders only)
+    post_norm_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -407,6 +413,10 @@ class Architecture:
         if self.parallel_mixer and not (isinstance(self.recurrent, RecurrentGeometry)
                                         and set(self.recurrent.layers) == set(range(self.num_layers))):
             raise CheckpointError("parallel_mixer needs a Mamba2 mixer in every layer (recurrent.layers: all)")
+        if self.post_norm_attention and (self.recurrent is None or self.parallel_mixer or not self.pre_norms
+                                         or self.mlp_free_layers):
+            raise CheckpointError("post_norm_attention needs a hybrid decoder whose mixer layers have pre-norms and "
+                                  "MLPs (no parallel_mixer, no mlp_free_layers)")
         if self.mlp_free_layers and (self.recurrent is None or not set(self.mlp_free_layers) <= set(range(
                 self.num_layers)) or any(self.is_sparse(layer) for layer in self.mlp_free_layers)):
             raise CheckpointError(f"mlp_free_layers {self.mlp_free_layers} must be dense layers of a hybrid decoder "
@@ -523,7 +533,8 @@ def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     mixers = set(arch.recurrent.layers) if arch.recurrent is not None else set()
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
-        slots += _mixer_layer_slots(arch, prefix) if layer in mixers else _layer_slots(arch, prefix)
+        slots += (_mixer_layer_slots(arch, prefix) if layer in mixers
+                  else _layer_slots(arch, prefix, post_only=arch.post_norm_attention))
     slots += _norm_slots(arch, "final_norm")
     if not arch.tie_word_embeddings:
         slots.append(_slot("lm_head", arch, arch.vocab_rows, arch.hidden_size))
@@ -543,19 +554,21 @@ def _norm_slots(arch: Architecture, name: str) -> list[WeightSlot]:
                                                     if arch.norm_bias else [])
 
 
-def _layer_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
+def _layer_slots(arch: Architecture, prefix: str, post_only: bool = False) -> list[WeightSlot]:
+    """An attention layer's slots; `post_only` (``post_norm_attention``): output norms, no pre-norms."""
     hidden = arch.hidden_size
-    slots = _norm_slots(arch, prefix + "input_norm") if arch.pre_norms else []
+    pre_norms, sandwich_norms = arch.pre_norms and not post_only, arch.sandwich_norms or post_only
+    slots = _norm_slots(arch, prefix + "input_norm") if pre_norms else []
     slots += _attention_slots(arch, prefix) if arch.latent is None else _latent_slots(arch, prefix)
-    if arch.sandwich_norms:
+    if sandwich_norms:
         slots.append(_slot(prefix + "attn_out_norm", arch, hidden))
     layer = int(prefix.split(".")[1])
     if layer in arch.mlp_free_layers:
         return slots
-    if arch.pre_norms and (not arch.parallel_block or arch.parallel_mlp_norm):
+    if pre_norms and (not arch.parallel_block or arch.parallel_mlp_norm):
         slots += _norm_slots(arch, prefix + "post_norm")
     slots += _moe_slots(arch, prefix) if arch.is_sparse(layer) else _mlp_slots(arch, prefix)
-    return slots + ([_slot(prefix + "mlp_out_norm", arch, hidden)] if arch.sandwich_norms else [])
+    return slots + ([_slot(prefix + "mlp_out_norm", arch, hidden)] if sandwich_norms else [])
 
 
 def _latent_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:

@@ -6,7 +6,8 @@ through the causal short convolution (``helios::causal_conv_update``, zero bias)
 recurrence is ``helios::gated_delta_rule`` with beta = sigmoid(b) and the log decay
 g = A softplus(a + dt_bias) (float32); each value head's output is RMS-normed, weighted, gated by
 silu(z) (`gated_head_norm`) and projected by ``out`` (under tensor parallelism each rank's key heads
-and their value heads; the ranks' outputs summed by one all-reduce). Both ops advance the row's state rows in
+and their value heads; the ranks' outputs summed by one all-reduce). OLMo Hybrid's geometry scales beta
+(``beta_scale``) and norms with its own epsilon (``norm_eps``). Both ops advance the row's state rows in
 place (``conv_state`` and ``ssm_state`` of `helios.ignition.hybrid_decoder.HybridStorage`). The
 arithmetic mirrors transformers' Qwen3NextGatedDeltaNet (float32 decay, rule and norm).
 """
@@ -40,10 +41,17 @@ def delta_block(arch: Architecture, w, prefix: str, hidden: torch.Tensor, planes
         rule_plane, q.reshape(num_tokens, g.num_key_heads, g.key_head_dim).contiguous(),
         k.reshape(num_tokens, g.num_key_heads, g.key_head_dim).contiguous(),
         v.reshape(num_tokens, g.num_value_heads, g.value_head_dim).contiguous(), decay.contiguous(),
-        torch.sigmoid(b).contiguous(), step.query_start, state.rows, state.fresh, state.max_query_len)
+        _beta(b, g.beta_scale), step.query_start, state.rows, state.fresh, state.max_query_len)
     gate = z.reshape(num_tokens, g.num_value_heads, g.value_head_dim)
-    normed = gated_head_norm(attended, gate, w[p + "norm"], arch.rms_norm_eps)
+    eps = arch.rms_norm_eps if g.norm_eps is None else g.norm_eps
+    normed = gated_head_norm(attended, gate, w[p + "norm"], eps)
     return row_parallel_linear(arch, normed.reshape(num_tokens, g.value_dim), w[p + "out.weight"], None)
+
+
+def _beta(b: torch.Tensor, scale: float) -> torch.Tensor:
+    """The write strength sigmoid(b), times `scale` where it is not 1 (OLMo Hybrid's allow_neg_eigval: 2)."""
+    beta = torch.sigmoid(b)
+    return (beta if scale == 1.0 else beta * scale).contiguous()
 
 
 def gated_head_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

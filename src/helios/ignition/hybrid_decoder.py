@@ -8,7 +8,9 @@ the slot's state rows through the ABI ops of `helios.abi.recurrent` - or, where 
 `ShortConvGeometry`, a gated short convolution (`helios.ignition.short_conv`). Attention layers
 norm each q/k head first where `Architecture.qk_norm`, rotate the leading
 `Architecture.rotary_width` head dims (partial rotary), keep their keys/values in the paged planes,
-indexed by attention-layer ordinal, and gate their output where `Architecture.attention_gate`. The arithmetic mirrors the Hugging Face
+indexed by attention-layer ordinal, and gate their output where `Architecture.attention_gate`; under
+`Architecture.post_norm_attention` (OLMo Hybrid) they norm their whole q/k projections and their
+block's outputs instead of its inputs. The arithmetic mirrors the Hugging Face
 reference (float32 norms and scan), so float32 programs agree with it to rounding.
 """
 
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 import helios.abi.attention  # noqa: F401  (registers helios::paged_attention(_tuned), helios::cache_write)
 import helios.abi.recurrent  # noqa: F401  (registers helios::causal_conv_update, helios::ssm_scan)
 from helios.ignition.architecture import Architecture
-from helios.ignition.decoder import PackedStep, apply_rotary, mlp_block, rms_norm, rotary_tables
+from helios.ignition.decoder import PackedStep, apply_rotary, mlp_block, projection_norm, rms_norm, rotary_tables
 from helios.ignition.delta_mixer import delta_block
 from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry, ShortConvGeometry
 from helios.ignition.short_conv import short_conv_block
@@ -69,6 +71,15 @@ def hybrid_hidden(arch: Architecture, w: Mapping[str, torch.Tensor], storage: Hy
     attention = {layer: index for index, layer in enumerate(arch.attention_layers)}
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
+        if arch.post_norm_attention and layer in attention:  # OLMo Hybrid: outputs normed, no pre-norms
+            planes = (storage.k_cache[attention[layer]], storage.v_cache[attention[layer]])
+            out = attention_block(arch, w, prefix, hidden, planes, step, (cos, sin))
+            hidden = hidden + rms_norm(out, w[prefix + "attn_out_norm"], arch.rms_norm_eps)
+            if rows is not None and layer == arch.num_layers - 1:
+                hidden = hidden[rows]
+            out = mlp_block(arch, w, prefix, hidden)
+            hidden = hidden + rms_norm(out, w[prefix + "mlp_out_norm"], arch.rms_norm_eps)
+            continue
         normed = rms_norm(hidden, w[prefix + "input_norm"], arch.rms_norm_eps)
         delta = 0
         if layer in mixers:
@@ -93,9 +104,11 @@ def attention_block(arch: Architecture, w, prefix: str, hidden, planes, step: Pa
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     gate_size = arch.q_size if arch.attention_gate else 0
     q, k, v, gate = qkv.split([arch.q_size, arch.kv_size, arch.kv_size, gate_size], dim=-1)
+    if arch.qk_norm_whole:  # OLMo Hybrid: one norm over each whole projection (summed over the ranks' shares)
+        q, k = projection_norm(arch, q, w[prefix + "q_norm"]), projection_norm(arch, k, w[prefix + "k_norm"])
     q = q.reshape(num_tokens, arch.num_heads, arch.head_dim)
     k = k.reshape(num_tokens, arch.num_kv_heads, arch.head_dim)
-    if arch.qk_norm:
+    if arch.qk_norm and not arch.qk_norm_whole:
         q = rms_norm(q, w[prefix + "q_norm"], arch.rms_norm_eps)
         k = rms_norm(k, w[prefix + "k_norm"], arch.rms_norm_eps)
     q, k = _rotate(q, rotary, arch.rotary_width), _rotate(k, rotary, arch.rotary_width)

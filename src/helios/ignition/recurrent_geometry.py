@@ -30,7 +30,7 @@ gate z, then b, then a; value head h belongs to key head h // (Hv / Hk)), ``laye
 convolution has none), ``layers.i.delta.dt_bias`` [Hv], ``layers.i.delta.A`` float32 [Hv]
 (-exp(A_log)), ``layers.i.delta.norm`` [Dv] (the gated RMS norm of each value head's output, before
 its SiLU gate z) and ``layers.i.delta.out.weight`` [H, value_dim]. Per token: q, k, v =
-silu(conv(in_proj rows)); beta = sigmoid(b); g = A softplus(a + dt_bias); o = the gated delta rule;
+silu(conv(in_proj rows)); beta = sigmoid(b) (times ``beta_scale``); g = A softplus(a + dt_bias); o = the gated delta rule;
 out(norm(o) silu(z)) (`helios.ignition.delta_mixer`).
 
 Weight slots of a gated short convolution layer i (C channels, C = H): ``layers.i.short.in_proj.weight``
@@ -110,6 +110,10 @@ class GatedDeltaNetGeometry:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    # OLMo Hybrid: beta = beta_scale sigmoid(b) (its allow_neg_eigval: 2, writes of strength up to 2) and
+    # the output norm's own epsilon (None: the Architecture's rms_norm_eps)
+    beta_scale: float = 1.0
+    norm_eps: float | None = None
 
     @property
     def key_dim(self) -> int:
@@ -146,6 +150,10 @@ class GatedDeltaNetGeometry:
                          f"{self.num_key_heads} key heads")
         if self.conv_kernel < 2:
             found.append("the linear-attention convolution needs at least 2 taps")
+        if not (math.isfinite(self.beta_scale) and self.beta_scale > 0):
+            found.append(f"linear-attention beta_scale {self.beta_scale} must be finite and positive")
+        if self.norm_eps is not None and not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
+            found.append(f"linear-attention norm_eps {self.norm_eps} must be finite and positive")
         return found
 
 
