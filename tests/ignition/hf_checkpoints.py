@@ -629,6 +629,21 @@ GRANITE_MOE_SWA = Family("granitemoe_swa", transformers.GraniteMoeSWAConfig, (
     ("tie_word_embeddings", False), ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
 ))
 
+# CWM (tests/ignition/test_cwm_recipe.py): Llama with full, sliding, sliding layers over a window of 5 and a
+# llama3-scaled rope, untied.
+CWM = Family("cwm", transformers.CwmConfig, (
+    ("num_hidden_layers", 3), ("head_dim", 16), ("sliding_window", 5), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "llama3", "rope_theta": 1000.0, "factor": 4.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    ("pad_token_id", None), ("bos_token_id", 1), ("eos_token_id", None),
+))
+# Jais 2 (tests/ignition/test_jais2_recipe.py): LayerNorms with biases, q/k/v/o biases, the non-gated relu^2 MLP with
+# biases, untied.
+JAIS2 = Family("jais2", transformers.Jais2Config, (
+    ("head_dim", 16), ("layer_norm_eps", 1e-4), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
+
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""
     torch.manual_seed(seed)

@@ -126,7 +126,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "OlmoHybridForCausalLM",
                                             "ExaoneMoeForCausalLM", "SolarOpenForCausalLM",
                                             "AfmoeForCausalLM", "FlexOlmoForCausalLM",
-                                            "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM"}
+                                            "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
+                                            "CwmForCausalLM", "Jais2ForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [
