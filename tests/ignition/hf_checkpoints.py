@@ -644,6 +644,13 @@ JAIS2 = Family("jais2", transformers.Jais2Config, (
     ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
 ))
 
+# nanochat (tests/ignition/test_nanochat_recipe.py): parameter-free RMS norms (the embeddings' too), the reversed
+# rotation, per-head q/k norms after it, the non-gated relu^2 MLP, final logits capped at 3, untied.
+NANOCHAT = Family("nanochat", transformers.NanoChatConfig, (
+    ("final_logit_softcapping", 3.0), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
+
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""
     torch.manual_seed(seed)

@@ -127,7 +127,8 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "ExaoneMoeForCausalLM", "SolarOpenForCausalLM",
                                             "AfmoeForCausalLM", "FlexOlmoForCausalLM",
                                             "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
-                                            "CwmForCausalLM", "Jais2ForCausalLM"}
+                                            "CwmForCausalLM", "Jais2ForCausalLM",
+                                            "NanoChatForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

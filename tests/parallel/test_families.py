@@ -20,7 +20,7 @@ from ignition.hf_checkpoints import QWEN3_NEXT
 from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2, PHIMOE
 from ignition.hf_checkpoints import AFMOE, EXAONE_MOE, FLEX_OLMO, SOLAR_OPEN
 from ignition.hf_checkpoints import GRANITE_MOE_SWA, GRANITE_SWA
-from ignition.hf_checkpoints import CWM, JAIS2
+from ignition.hf_checkpoints import CWM, JAIS2, NANOCHAT
 from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, GPT_NEOX, NEMOTRON, STABLELM
 from ignition.hf_checkpoints import FALCON_H1, GRANITE_HYBRID, NEMOTRON_H, NEMOTRON_H_MOE
 from ignition.hf_checkpoints import LFM2, LFM2_MOE
@@ -66,9 +66,9 @@ if os.environ.get("HELIOS_MOE_RANK_SWEEP") == "1":
 # EXAONE 4, Apertus, Arcee, Nemotron, StableLM and GPT-NeoX cut into shapes the families above cover (per-head q/k
 # norms, the non-gated MLP's rows, replicated LayerNorms and xIELU scalars, the parallel block with biases; GPT-NeoX's
 # MLP norm is whole on each rank like its input), CWM and Jais 2 (Ministral's windows, StarCoder2's LayerNorms and
-# Nemotron's MLP): two ranks only with HELIOS_DENSE_RANK_SWEEP=1.
+# Nemotron's MLP), nanochat (its embedding norm whole on each rank like the embeddings): two ranks only with HELIOS_DENSE_RANK_SWEEP=1.
 if os.environ.get("HELIOS_DENSE_RANK_SWEEP") == "1":
-    FAMILIES += (EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, CWM, JAIS2)
+    FAMILIES += (EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, CWM, JAIS2, NANOCHAT)
 # The Mamba2 hybrids after Bamba (split as Bamba's mixers are): Granite 4.0's experts, Nemotron-H's layers
 # without an MLP and non-gated relu2 experts, Falcon-H1's attention and mixer in one layer; LFM2's short
 # convolutions split by channels (their B/C/x rows, taps and windows; out's columns, its bias added once), beside

@@ -286,6 +286,7 @@ class Architecture:
     sandwich_norms: bool = False  # attention and MLP outputs normed before their residual adds
     mlp_activation: str = "silu"  # the gated MLP's (and shared experts') activation, one of MLP_ACTIVATIONS
     embedding_scale: float = 1.0  # multiplies looked-up embeddings (Gemma: sqrt(H) rounded to the dtype)
+    embedding_norm: bool = False  # the (scaled) embeddings RMS-normed by ``embed_norm`` [H] before layer 0 (NanoChat)
     query_pre_attn_scalar: float = 0.0  # > 0: the attention scale is its inverse square root (0: head_dim's)
     local_rope_layers: tuple[int, ...] = ()  # layers rotating with rope.local_inv_freq (Gemma's sliding layers)
     logit_softcap: float = 0.0  # > 0: logits are tanh(logits / c) * c
@@ -338,6 +339,8 @@ class Architecture:
             problems = self.recurrent.problems(self.num_layers)
             if problems or not self.attention_layers:
                 raise CheckpointError("; ".join(problems or ["a hybrid decoder needs at least one attention layer"]))
+        if self.embedding_norm and self.recurrent is not None:
+            raise CheckpointError("embedding_norm: only the plain decoder norms its embeddings")
         if self.attention_gate and (self.latent is not None or self.qkv_clip):
             raise CheckpointError("attention_gate: latent attention and clamped q/k/v do not gate their output")
         if self.qk_norm_after_rotary and (not self.qk_norm or self.latent is not None or self.recurrent is not None):
@@ -530,6 +533,8 @@ class WeightSlot:
 def weight_layout(arch: Architecture) -> tuple[WeightSlot, ...]:
     """The ordered weight list every program of `arch` takes as its first input."""
     slots = [_slot("embed", arch, arch.vocab_rows, arch.hidden_size)]
+    if arch.embedding_norm:
+        slots.append(_slot("embed_norm", arch, arch.hidden_size))
     mixers = set(arch.recurrent.layers) if arch.recurrent is not None else set()
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."

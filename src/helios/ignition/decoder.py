@@ -336,6 +336,8 @@ def decoder_hidden(arch, w, k_cache, v_cache, step: PackedStep, rows: torch.Tens
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
     if step.embedding_add is not None:
         hidden = hidden + step.embedding_add.to(hidden.dtype)
+    if arch.embedding_norm:  # NanoChat: the residual stream starts from the normed embeddings
+        hidden = rms_norm(hidden, w["embed_norm"], arch.rms_norm_eps)
     shared = layer_inputs(arch, w, step, k_cache, v_cache, hidden.dtype)
     normed = block_norm(arch, w, hidden, "layers.0.input_norm") if arch.pre_norms else hidden
     for layer in range(arch.num_layers):
