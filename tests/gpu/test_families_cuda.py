@@ -47,7 +47,8 @@ layer and scaled embeddings beside sigmoid experts with a choice bias; FlexOlmo'
 Granite SWA's sinks (``helios::paged_attention_sinks``) with sliding layers, an unrotated layer and two rope tables,
 and Granite MoE SWA's sinks beside top-k softmax experts and a shared expert. CWM's sliding layers under a llama3
 rope; Jais 2's biased LayerNorms and relu^2 MLP; nanochat's normed embeddings (``Architecture.embedding_norm``),
-reversed rotation (negated frequencies) and q/k norms after it under a final logit cap.
+reversed rotation (negated frequencies) and q/k norms after it under a final logit cap; JetMoE's mixture of
+attention heads (``Architecture.attention_experts``: heads scaled by routing weights) beside biased experts.
 DeepSeek-V3.2's and GLM-5's token indexer (``helios::index_key_write`` / ``index_topk`` /
 ``paged_latent_attention_selected``: torch bodies on CUDA, captured in graphs), GLM-5's shared layer.
 """
@@ -70,6 +71,7 @@ from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2, PHIMOE
 from ignition.hf_checkpoints import AFMOE, EXAONE_MOE, FLEX_OLMO, SOLAR_OPEN
 from ignition.hf_checkpoints import GRANITE_MOE_SWA, GRANITE_SWA
 from ignition.hf_checkpoints import CWM, JAIS2, NANOCHAT
+from ignition.hf_checkpoints import JETMOE
 from ignition.hf_checkpoints import LFM2, LFM2_MOE
 from ignition.hf_checkpoints import OLMO_HYBRID, OLMO_HYBRID_NOPE
 from ignition.test_deepseek_v32_recipe import DEEPSEEK_V32, GLM5
@@ -92,7 +94,7 @@ def cores(tmp_path_factory) -> base.Cores:
                                     NEMOTRON_H, NEMOTRON_H_MOE, *FALCON_H1_FAMILIES, LLAMA4, MINIMAX_M2, DBRX, PHIMOE,
                                     DEEPSEEK_V32, GLM5, EXAONE_MOE, SOLAR_OPEN, LFM2, LFM2_MOE, AFMOE, FLEX_OLMO,
                                     GRANITE_SWA, GRANITE_MOE_SWA, OLMO_HYBRID, OLMO_HYBRID_NOPE, CWM, JAIS2,
-                                    NANOCHAT],
+                                    NANOCHAT, JETMOE],
                          ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):
     reference = cores.cpu_run(family)

@@ -651,6 +651,14 @@ NANOCHAT = Family("nanochat", transformers.NanoChatConfig, (
     ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
 ))
 
+# JetMoE (tests/ignition/test_jetmoe_recipe.py): a mixture of attention heads (4 experts of 2 query heads of 16 over
+# 2 key/value heads, top-2 softmax, an output bias) and of gated experts (4, top-2, an output bias), untied.
+JETMOE = Family("jetmoe", transformers.JetMoeConfig, (
+    ("num_local_experts", 4), ("num_experts_per_tok", 2), ("kv_channels", 16), ("intermediate_size", 32),
+    ("rms_norm_eps", 1e-6), ("tie_word_embeddings", False),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
+))
+
 def random_model(family: Family, seed: int = 0) -> torch.nn.Module:
     """The float32 reference model of `family` with every parameter re-drawn from `seed`."""
     torch.manual_seed(seed)

@@ -128,7 +128,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "AfmoeForCausalLM", "FlexOlmoForCausalLM",
                                             "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
                                             "CwmForCausalLM", "Jais2ForCausalLM",
-                                            "NanoChatForCausalLM"}
+                                            "NanoChatForCausalLM", "JetMoeForCausalLM"}
 
 
 @pytest.mark.parametrize("changes, message", [

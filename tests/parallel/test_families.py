@@ -20,6 +20,7 @@ from ignition.hf_checkpoints import QWEN3_NEXT
 from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2, PHIMOE
 from ignition.hf_checkpoints import AFMOE, EXAONE_MOE, FLEX_OLMO, SOLAR_OPEN
 from ignition.hf_checkpoints import GRANITE_MOE_SWA, GRANITE_SWA
+from ignition.hf_checkpoints import JETMOE
 from ignition.hf_checkpoints import CWM, JAIS2, NANOCHAT
 from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, GPT_NEOX, NEMOTRON, STABLELM
 from ignition.hf_checkpoints import FALCON_H1, GRANITE_HYBRID, NEMOTRON_H, NEMOTRON_H_MOE
@@ -58,11 +59,12 @@ FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAM
 # PhiMoE (SparseMixer routing, whole on each rank), K-EXAONE (dots.llm1's experts beside EXAONE 4's attention),
 # Solar Open (GLM-4.5's experts in every layer), AFMoE (the output gate's rows by query head, as Qwen3-Next's),
 # FlexOlmo (OLMo 2's whole-projection q/k norms beside OLMoE's experts), Granite SWA and Granite MoE SWA (sinks by
-# query head, as gpt-oss's; Granite SWA is dense but sweeps here with its MoE sibling):
+# query head, as gpt-oss's; Granite SWA is dense but sweeps here with its MoE sibling), JetMoE (whole key/value
+# groups of expert heads on each rank, the attention router whole):
 # shapes the families above already cut, so only with HELIOS_MOE_RANK_SWEEP=1 (about 25 s each).
 if os.environ.get("HELIOS_MOE_RANK_SWEEP") == "1":
     FAMILIES += (LLAMA4, MINIMAX_M2, DBRX, PHIMOE, EXAONE_MOE, SOLAR_OPEN, AFMOE, FLEX_OLMO,
-                 GRANITE_SWA, GRANITE_MOE_SWA)
+                 GRANITE_SWA, GRANITE_MOE_SWA, JETMOE)
 # EXAONE 4, Apertus, Arcee, Nemotron, StableLM and GPT-NeoX cut into shapes the families above cover (per-head q/k
 # norms, the non-gated MLP's rows, replicated LayerNorms and xIELU scalars, the parallel block with biases; GPT-NeoX's
 # MLP norm is whole on each rank like its input), CWM and Jais 2 (Ministral's windows, StarCoder2's LayerNorms and

@@ -287,6 +287,12 @@ class Architecture:
     mlp_activation: str = "silu"  # the gated MLP's (and shared experts') activation, one of MLP_ACTIVATIONS
     embedding_scale: float = 1.0  # multiplies looked-up embeddings (Gemma: sqrt(H) rounded to the dtype)
     embedding_norm: bool = False  # the (scaled) embeddings RMS-normed by ``embed_norm`` [H] before layer 0 (NanoChat)
+    # JetMoE's mixture of attention heads (0: none): the query heads are attention_experts experts' sets of
+    # num_kv_heads heads (head j * E + e is expert e's head j, on key/value head j); each token scales expert e's
+    # heads by its routing weight: a softmax over the top attention_experts_per_token logits of
+    # ``layers.i.attn_router.weight`` [E, H] float32, 0 for the experts not chosen.
+    attention_experts: int = 0
+    attention_experts_per_token: int = 0
     query_pre_attn_scalar: float = 0.0  # > 0: the attention scale is its inverse square root (0: head_dim's)
     local_rope_layers: tuple[int, ...] = ()  # layers rotating with rope.local_inv_freq (Gemma's sliding layers)
     logit_softcap: float = 0.0  # > 0: logits are tanh(logits / c) * c
@@ -341,6 +347,13 @@ class Architecture:
                 raise CheckpointError("; ".join(problems or ["a hybrid decoder needs at least one attention layer"]))
         if self.embedding_norm and self.recurrent is not None:
             raise CheckpointError("embedding_norm: only the plain decoder norms its embeddings")
+        if self.attention_experts and (self.num_heads != self.attention_experts * self.num_kv_heads
+                                       or not 1 <= self.attention_experts_per_token <= self.attention_experts
+                                       or self.latent is not None or self.recurrent is not None
+                                       or self.attention_gate):
+            raise CheckpointError(f"attention_experts {self.attention_experts} (top "
+                                  f"{self.attention_experts_per_token}) needs num_heads = experts x num_kv_heads of "
+                                  f"plain, ungated attention layers")
         if self.attention_gate and (self.latent is not None or self.qkv_clip):
             raise CheckpointError("attention_gate: latent attention and clamped q/k/v do not gate their output")
         if self.qk_norm_after_rotary and (not self.qk_norm or self.latent is not None or self.recurrent is not None):
@@ -609,6 +622,8 @@ def _attention_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
         slots.append(_slot(prefix + "o.bias", arch, hidden))
     if arch.attention_sinks:
         slots.append(WeightSlot(prefix + "sinks", (arch.num_heads,), "float32"))
+    if arch.attention_experts:
+        slots.append(WeightSlot(prefix + "attn_router.weight", (arch.attention_experts, hidden), "float32"))
     return slots
 
 

@@ -188,9 +188,23 @@ def attention_block(arch: Architecture, w: Mapping[str, torch.Tensor], layer: in
     attended = attended.reshape(num_tokens, arch.q_size)
     if arch.attention_gate:  # each attended channel times sigmoid of its gate row, before o
         attended = attended * torch.sigmoid(gate)
+    if arch.attention_experts:  # JetMoE: each expert's heads times the token's routing weight for that expert
+        attended = attended * expert_head_weights(arch, w[prefix + "attn_router.weight"], hidden).to(attended.dtype)
     if rows is not None:
         attended = attended[rows]
     return out(arch, attended, w[prefix + "o.weight"], w.get(prefix + "o.bias"))
+
+
+def expert_head_weights(arch: Architecture, router: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """[T, q_size] weights of the attended channels under ``arch.attention_experts``: per token, the
+    softmax over its top-k router logits for the chosen experts' heads, 0 for the others (head j * E + e
+    belongs to expert e; a tensor-parallel rank holds whole key/value groups, so the layout is the same)."""
+    logits = F.linear(hidden.to(torch.float32), router)
+    weights, ids = torch.ops.helios.moe_route(logits, None, "topk_softmax", arch.attention_experts_per_token, 1, 1,
+                                              True, 1.0)
+    dense = torch.zeros_like(logits).scatter(1, ids.long(), weights.to(logits.dtype))  # [T, E]
+    per_head = dense[:, None, :, None].expand(-1, arch.num_kv_heads, -1, arch.head_dim)
+    return per_head.reshape(hidden.shape[0], arch.q_size)
 
 
 def projection_norm(arch: Architecture, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

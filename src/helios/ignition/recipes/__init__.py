@@ -21,7 +21,8 @@ Solar Open (`solar_open`: Llama's attention, GLM-4.5's experts in every layer). 
 with NoPE full layers, four norms a layer, sigmoid experts with a choice bias). FlexOlmo (`flex_olmo`: OLMo 2's
 block, OLMoE's experts). Granite SWA and Granite MoE SWA (`granite_swa`: attention sinks, sliding layers, a rope
 base per layer). Code World Model (`cwm`: Llama with sliding layers), Jais 2 (`jais2`: biased LayerNorms and
-Nemotron's relu^2 MLP), nanochat (`nanochat`: parameter-free norms, normed embeddings).
+Nemotron's relu^2 MLP), nanochat (`nanochat`: parameter-free norms, normed embeddings). JetMoE (`jetmoe`: a mixture of attention
+heads beside experts).
 Llama 4 text decoders (`llama4`: chunked local attention, NoPE layers with temperature tuning,
 input-weighted sigmoid experts beside a shared expert). MiniMax-M2 (`minimax_m2`: q/k norms over whole projections,
 partial rotary, sigmoid routing with a correction bias). DBRX (`dbrx`: LayerNorms, clamped q/k/v, softmax
@@ -84,6 +85,7 @@ from helios.ignition.recipes import granite_swa
 from helios.ignition.recipes import cwm
 from helios.ignition.recipes import jais2
 from helios.ignition.recipes import nanochat
+from helios.ignition.recipes import jetmoe
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors, read_config
 from helios.ignition.recipes.defaults import with_reference_defaults
@@ -141,6 +143,7 @@ _REGISTRY.update({name: granite_swa.build for name in granite_swa.ARCHITECTURES}
 _REGISTRY.update({name: cwm.build for name in cwm.ARCHITECTURES})
 _REGISTRY.update({name: jais2.build for name in jais2.ARCHITECTURES})
 _REGISTRY.update({name: nanochat.build for name in nanochat.ARCHITECTURES})
+_REGISTRY.update({name: jetmoe.build for name in jetmoe.ARCHITECTURES})
 # The recipes whose prepared weights depend on the served context (Phi-3's LongRoPE factor list).
 _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
