@@ -418,6 +418,20 @@ OLMO_HYBRID_NOPE = Family("olmo_hybrid_nope", transformers.OlmoHybridConfig, (
     *_OLMO_HYBRID_SHAPE, ("linear_allow_neg_eigval", False), ("rms_norm_eps", 0.1), ("tie_word_embeddings", True),
     ("rope_parameters", {"rope_type": "default", "rope_theta": None}),
 ))
+# Kimi Linear (tests/ignition/test_kimi_linear_recipe.py): Kimi Delta Attention layers 0 and 2 (3 heads of 8, a decay
+# per key channel), a latent attention layer 1 without positions (queries projected directly); layer 0 dense, layers
+# 1 and 2 sparse: 8 experts in 2 groups (1 kept), top-3 of the sigmoid scores plus a correction bias, renormalised and
+# scaled by 2, a shared expert; untied.
+KIMI_LINEAR = Family("kimi_linear", transformers.KimiLinearConfig, (
+    ("num_hidden_layers", 3), ("num_key_value_heads", 4),
+    ("layer_types", ["linear_attention", "full_attention", "linear_attention"]),
+    ("mlp_layer_types", ["dense", "sparse", "sparse"]), ("num_experts", 8), ("num_experts_per_token", 3),
+    ("n_group", 2), ("topk_group", 1), ("moe_intermediate_size", 32), ("n_shared_experts", 1),
+    ("routed_scaling_factor", 2.0), ("kv_lora_rank", 32), ("q_lora_rank", None), ("qk_rope_head_dim", 16),
+    ("qk_nope_head_dim", 16), ("v_head_dim", 24),
+    ("linear_attn_config", {"head_dim": 8, "num_heads": 3, "short_conv_kernel_size": 4}),
+    ("tie_word_embeddings", False), *PHI3_IDS,
+))
 # LFM2-MoE (tests/ignition/test_lfm2_recipe.py): LFM2's layers without biases, layer 0's MLP dense, layers 1 and 2 a
 # mixture of 8 experts: top-3 of the sigmoid scores plus a random choice bias, renormalised and scaled by 1.5; tied.
 LFM2_MOE = Family("lfm2_moe", transformers.Lfm2MoeConfig, (

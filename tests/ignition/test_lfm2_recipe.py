@@ -7,7 +7,8 @@ Captured hybrid programs give the reference's logits and greedy tokens for a pro
 chunks (the convolution window carried between them) and decoded with the carried state, and for a
 continuous batch of different lengths; the gates' order and LFM2-MoE's choice bias matter; the layout, the MLP width and the
 layer kinds follow the config class; two ranks cut the channels; unsupported settings are refused by
-name. (The served core's snapshots and offload: tests/runtime/test_short_conv_runtime.py.)
+name. (The served core's snapshots and offload: tests/runtime/test_hybrid_state_families.py, with
+HELIOS_HYBRID_SERVED_ALL=1.)
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "GlmForCausalLM", "HeliumForCausalLM", "MinistralForCausalLM",
                                             "InternLM3ForCausalLM", "VaultGemmaForCausalLM",
                                             "OlmoForCausalLM", "Ministral3ForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
-                                            "OlmoHybridForCausalLM",
+                                            "OlmoHybridForCausalLM", "KimiLinearForCausalLM",
                                             "ExaoneMoeForCausalLM", "SolarOpenForCausalLM",
                                             "AfmoeForCausalLM", "FlexOlmoForCausalLM",
                                             "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",

@@ -1,11 +1,11 @@
-"""The short-convolution hybrids (LFM2) served by the generic runtime (tests/runtime/test_hybrid_runtime.py's plan
-and helpers): a continuous batch gives transformers' float32 greedy tokens; a prompt extending an earlier one
-restores that one's snapshot (convolution windows and partial page) with the reference's tokens; preemption with
-the state rows offloaded to host slots and restored gives the same tokens. Each request's whole recurrent state is
-its convolution windows (the ``ssm_state`` rows are one-element placeholders).
+"""The hybrids with new state kinds served by the generic runtime (tests/runtime/test_hybrid_runtime.py's plan and
+helpers): a batch preempted with its state rows offloaded to host slots and restored gives transformers' float32
+greedy tokens, and a prompt extending an earlier one restores that one's snapshot (state rows and partial page)
+with the reference's tokens.
 
-HELIOS_HYBRID_SERVED_ALL=1 adds OLMo Hybrid (Gated DeltaNet state rows, as Qwen3-Next's, beside OLMo 2's
-attention blocks)."""
+Kimi Linear runs in the suite: Kimi Delta Attention state rows (a decay per key channel) beside latent attention
+pages. HELIOS_HYBRID_SERVED_ALL=1 adds LFM2 (its whole state the short convolutions' windows, the ``ssm_state``
+rows one-element placeholders) and OLMo Hybrid (Gated DeltaNet state rows beside OLMo 2's attention blocks)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import transformers
 from helios.runtime.offline import generate
 from helios.runtime.records.plan import StorageKind
 from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
-from ignition.hf_checkpoints import LFM2, OLMO_HYBRID
+from ignition.hf_checkpoints import KIMI_LINEAR, LFM2, OLMO_HYBRID
 
 from .test_hybrid_runtime import NAMESPACE, PROMPTS, STEPS, prepare_signed, reference_tokens, runtime_of
 
 
-FAMILIES = [LFM2] + ([OLMO_HYBRID] if os.environ.get("HELIOS_HYBRID_SERVED_ALL") == "1" else [])
+FAMILIES = [KIMI_LINEAR] + ([LFM2, OLMO_HYBRID] if os.environ.get("HELIOS_HYBRID_SERVED_ALL") == "1" else [])
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda family: family.name)

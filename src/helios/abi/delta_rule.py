@@ -12,12 +12,14 @@ the program applies SiLU), so this module adds the recurrence only.
 Tensor query_start, Tensor state_rows, Tensor fresh, int max_query_len) -> Tensor``
     state: float32 [S, Hv, Dk, Dv], mutated. q, k: [T, Hk, Dk]; v: [T, Hv, Dv] with Hv a multiple
     of Hk (value head h reads query/key head h // (Hv // Hk)); g: float32 [T, Hv], the log decay
-    (<= 0); beta: [T, Hv], the write strength (already a sigmoid). In float32, per token and value
-    head: q and k are L2-normalised (x * rsqrt(sum x^2 + 1e-6)) and q scaled by Dk^-0.5; then
-    S = S exp(g); S += k (beta (v - S^T k))^T; o = S^T q. Returns o [T, Hv, Dv] in q's dtype
+    (<= 0), or float32 [T, Hv, Dk], a log decay per key channel (Kimi Delta Attention: row i of each
+    head's state decays by exp(g[..., i])); beta: [T, Hv], the write strength (already a sigmoid).
+    In float32, per token and value head: q and k are L2-normalised (x * rsqrt(sum x^2 + 1e-6)) and
+    q scaled by Dk^-0.5; then S = diag(exp(g)) S (one factor where g is per head);
+    S += k (beta (v - S^T k))^T; o = S^T q. Returns o [T, Hv, Dv] in q's dtype
     (padding tokens get zeros). This is transformers' torch_recurrent_gated_delta_rule with
     use_qk_l2norm_in_kernel=True, whose chunked form (torch_chunk_gated_delta_rule) computes the
-    same recurrence.
+    same recurrence; with a per-channel g, transformers' recurrent_kimi_delta_attention (KimiLinear).
 
 The body below is the reference for every device (it runs on CUDA through torch as well; there is
 no CUDA kernel of its own yet). It steps all rows together for ``max_query_len`` steps, reads
@@ -54,7 +56,10 @@ def check_delta_rule_args(state, q, k, v, g, beta, query_start, state_rows, fres
     tokens = q.shape[0]
     check_tensor(_OP, "k", k, q.dtype, (tokens, key_heads, key_dim))
     check_tensor(_OP, "v", v, q.dtype, (tokens, value_heads, value_dim))
-    check_tensor(_OP, "g", g, torch.float32, (tokens, value_heads))
+    if isinstance(g, torch.Tensor) and g.dim() == 3:  # per key channel (Kimi Delta Attention)
+        check_tensor(_OP, "g", g, torch.float32, (tokens, value_heads, key_dim))
+    else:
+        check_tensor(_OP, "g", g, torch.float32, (tokens, value_heads))
     check_tensor(_OP, "beta", beta, q.dtype, (tokens, value_heads))
     if key_heads < 1 or value_heads % key_heads:
         raise AbiArgumentError(f"{_OP}: {value_heads} value heads are not a multiple of {key_heads} key heads")
@@ -85,7 +90,8 @@ def gated_delta_rule(state, q, k, v, g, beta, query_start, state_rows, fresh, ma
         token, valid = lanes.step(j)
         q_t, k_t = queries.index_select(0, token), keys.index_select(0, token)  # [R, Hv, Dk]
         v_t = v.index_select(0, token).to(torch.float32)  # [R, Hv, Dv]
-        decay = g.index_select(0, token).exp()[..., None, None]
+        decay = g.index_select(0, token).exp()
+        decay = decay[..., None, None] if g.dim() == 2 else decay[..., None]  # per head, or per key channel
         beta_t = beta.index_select(0, token).to(torch.float32).unsqueeze(-1)
         # The reference's arithmetic, term for term (torch_recurrent_gated_delta_rule).
         updated = current * decay

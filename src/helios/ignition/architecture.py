@@ -128,7 +128,8 @@ import torch
 
 from helios.errors import UsageError
 from helios.ignition.activations import PARAMETER_COUNTS
-from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry, RecurrentGeometry, ShortConvGeometry, mixer_slots
+from helios.ignition.recurrent_geometry import (GatedDeltaNetGeometry, KimiDeltaGeometry, RecurrentGeometry,
+                                                ShortConvGeometry, mixer_slots)
 from helios.ignition.token_indexer import TokenIndexer, indexer_slots
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -272,7 +273,7 @@ class Architecture:
     tensor_parallel: int = 1  # N > 1: this describes one rank's share (see the module docstring)
     # Hybrid decoders: the layers whose attention block is a recurrent mixer (None: none), and the
     # leading head dims that rotary embeddings rotate (0: all of head_dim).
-    recurrent: RecurrentGeometry | GatedDeltaNetGeometry | ShortConvGeometry | None = None
+    recurrent: RecurrentGeometry | GatedDeltaNetGeometry | ShortConvGeometry | KimiDeltaGeometry | None = None
     rotary_dim: int = 0
     attention_gate: bool = False  # attention output gated by sigmoid of extra q-sized rows (after q, k and v)
     moe: MixtureOfExperts | None = None

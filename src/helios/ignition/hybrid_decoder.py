@@ -5,7 +5,8 @@ Same packed geometry and weights convention as `helios.ignition.decoder`; the la
 convolution, selective state-space scan, gated group RMS norm, out_proj), whose state advances in
 the slot's state rows through the ABI ops of `helios.abi.recurrent` - or, where the geometry is a
 `GatedDeltaNetGeometry`, a Gated DeltaNet layer (`helios.ignition.delta_mixer`); where a
-`ShortConvGeometry`, a gated short convolution (`helios.ignition.short_conv`). Attention layers
+`ShortConvGeometry`, a gated short convolution (`helios.ignition.short_conv`); where a
+`KimiDeltaGeometry`, Kimi Delta Attention (`helios.ignition.kimi_mixer`). Attention layers
 norm each q/k head first where `Architecture.qk_norm`, rotate the leading
 `Architecture.rotary_width` head dims (partial rotary), keep their keys/values in the paged planes,
 indexed by attention-layer ordinal, and gate their output where `Architecture.attention_gate`; under
@@ -26,7 +27,8 @@ import helios.abi.recurrent  # noqa: F401  (registers helios::causal_conv_update
 from helios.ignition.architecture import Architecture
 from helios.ignition.decoder import PackedStep, apply_rotary, mlp_block, projection_norm, rms_norm, rotary_tables
 from helios.ignition.delta_mixer import delta_block
-from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry, ShortConvGeometry
+from helios.ignition.kimi_mixer import kimi_block
+from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry, KimiDeltaGeometry, ShortConvGeometry
 from helios.ignition.short_conv import short_conv_block
 from helios.ignition.tensor_parallel import embed_tokens, row_parallel_linear
 
@@ -66,8 +68,8 @@ def hybrid_hidden(arch: Architecture, w: Mapping[str, torch.Tensor], storage: Hy
     hidden = embed_tokens(arch, w["embed"], w.get("vocab.start"), step.token_ids)
     cos, sin = rotary_tables(step.positions, w["rope.inv_freq"], hidden.dtype)
     mixers = {layer: index for index, layer in enumerate(arch.recurrent.layers)}
-    mixer = (delta_block if isinstance(arch.recurrent, GatedDeltaNetGeometry)
-             else short_conv_block if isinstance(arch.recurrent, ShortConvGeometry) else mixer_block)
+    mixer = {GatedDeltaNetGeometry: delta_block, ShortConvGeometry: short_conv_block,
+             KimiDeltaGeometry: kimi_block}.get(type(arch.recurrent), mixer_block)
     attention = {layer: index for index, layer in enumerate(arch.attention_layers)}
     for layer in range(arch.num_layers):
         prefix = f"layers.{layer}."
@@ -99,8 +101,17 @@ def hybrid_hidden(arch: Architecture, w: Mapping[str, torch.Tensor], storage: Hy
 
 def attention_block(arch: Architecture, w, prefix: str, hidden, planes, step: PackedStep, rotary):
     """Self-attention with partial rotary embeddings (and per-head q/k norms, an output gate where the
-    Architecture says so); writes this step's keys/values."""
+    Architecture says so), or multi-head latent attention (`helios.ignition.latent`: Kimi Linear);
+    writes this step's keys/values (or latents)."""
     num_tokens = hidden.shape[0]
+    if arch.latent is not None:
+        from helios.ignition.decoder import LayerInputs
+        from helios.ignition.latent import latent_attention
+
+        layer = int(prefix.split(".")[1])
+        shared = LayerInputs(step, {layer: planes[0]}, {layer: planes[1]}, *rotary)
+        attended = latent_attention(arch, w, layer, hidden, shared)
+        return row_parallel_linear(arch, attended, w[prefix + "o.weight"], None)
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     gate_size = arch.q_size if arch.attention_gate else 0
     q, k, v, gate = qkv.split([arch.q_size, arch.kv_size, arch.kv_size, gate_size], dim=-1)

@@ -10,6 +10,8 @@ convolution window [conv_dim, conv_kernel - 1] in the model dtype and a float32 
 - `RecurrentGeometry`: a Mamba2 mixer (Bamba); state [heads, head_dim, state_size].
 - `GatedDeltaNetGeometry`: a Gated DeltaNet linear-attention layer (Qwen3-Next); state
   [value heads, key_head_dim, value_head_dim] (`helios::gated_delta_rule`).
+- `KimiDeltaGeometry`: a Kimi Delta Attention layer (Kimi Linear): the gated delta rule with a
+  decay per key channel; state [heads, head_dim, head_dim].
 - `ShortConvGeometry`: a gated short convolution (LFM2); its whole state is the convolution window,
   and its ``ssm_state`` row is a one-element placeholder no op reads or writes.
 
@@ -32,6 +34,17 @@ convolution has none), ``layers.i.delta.dt_bias`` [Hv], ``layers.i.delta.A`` flo
 its SiLU gate z) and ``layers.i.delta.out.weight`` [H, value_dim]. Per token: q, k, v =
 silu(conv(in_proj rows)); beta = sigmoid(b) (times ``beta_scale``); g = A softplus(a + dt_bias); o = the gated delta rule;
 out(norm(o) silu(z)) (`helios.ignition.delta_mixer`).
+
+Weight slots of a Kimi Delta Attention layer i (H heads of D; qkv_dim = H D):
+``layers.i.kda.in_proj.weight`` [3 qkv_dim + H, hidden] (rows: q, k, v - the convolved channels - then
+b), ``layers.i.kda.conv.weight`` [3 qkv_dim, conv_kernel], ``layers.i.kda.conv.bias`` (zeros),
+``layers.i.kda.f_a.weight`` [D, hidden] and ``layers.i.kda.f_b.weight`` [qkv_dim, D] (the forget
+gate's low-rank projection), ``layers.i.kda.dt_bias`` float32 [qkv_dim], ``layers.i.kda.A`` float32 [H]
+(-exp(A_log)), ``layers.i.kda.g_a.weight`` [D, hidden] and ``layers.i.kda.g_b.weight`` [qkv_dim, D]
+(the output gate's), ``layers.i.kda.norm`` [D] and ``layers.i.kda.out.weight`` [hidden, qkv_dim]. Per
+token: q, k, v = silu(conv(in_proj rows)); beta = sigmoid(b); g = A softplus(f_b f_a x + dt_bias) per
+channel; o = the gated delta rule with that per-channel decay; out(norm(o) sigmoid(g_b g_a x))
+(`helios.ignition.kimi_mixer`).
 
 Weight slots of a gated short convolution layer i (C channels, C = H): ``layers.i.short.in_proj.weight``
 [3 C, H] (rows: the input gate B, the output gate C, then x), optional ``layers.i.short.in_proj.bias``
@@ -194,12 +207,54 @@ class ShortConvGeometry:
         return found
 
 
+@dataclass(frozen=True)
+class KimiDeltaGeometry:
+    """Which layers are Kimi Delta Attention layers and their extents (module docstring)."""
+
+    layers: tuple[int, ...]
+    num_heads: int
+    head_dim: int
+    conv_kernel: int
+
+    @property
+    def qkv_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 3 * self.qkv_dim
+
+    @property
+    def projection(self) -> int:
+        return self.conv_dim + self.num_heads
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        """One state row's float32 recurrent state (the ``ssm_state`` plane's trailing dims)."""
+        return (self.num_heads, self.head_dim, self.head_dim)
+
+    def problems(self, num_layers: int) -> list[str]:
+        """Invariant violations (empty when the geometry is consistent)."""
+        found = []
+        if not self.layers or len(set(self.layers)) != len(self.layers):
+            found.append("linear-attention layers must be distinct and at least one")
+        if any(not 0 <= layer < num_layers for layer in self.layers):
+            found.append(f"linear-attention layers {self.layers} lie outside 0..{num_layers - 1}")
+        if min(self.num_heads, self.head_dim) < 1:
+            found.append("linear-attention heads and head dims must be positive")
+        if self.conv_kernel < 2:
+            found.append("the linear-attention convolution needs at least 2 taps")
+        return found
+
+
 def mixer_slots(arch, prefix: str, slot) -> list:
     """Weight slots of one recurrent layer (see the module docstring); `slot(name, *shape)` makes one."""
     if isinstance(arch.recurrent, GatedDeltaNetGeometry):
         return _delta_slots(arch, prefix, slot)
     if isinstance(arch.recurrent, ShortConvGeometry):
         return _short_conv_slots(arch, prefix, slot)
+    if isinstance(arch.recurrent, KimiDeltaGeometry):
+        return _kimi_slots(arch, prefix, slot)
     g: RecurrentGeometry = arch.recurrent
     p = prefix + "mixer."
     slots = [slot(p + "in_proj.weight", g.projection, arch.hidden_size)]
@@ -234,3 +289,14 @@ def _short_conv_slots(arch, prefix: str, slot) -> list:
     if g.bias:
         slots.append(slot(p + "out.bias", arch.hidden_size))
     return slots
+
+
+def _kimi_slots(arch, prefix: str, slot) -> list:
+    g: KimiDeltaGeometry = arch.recurrent
+    p, hidden = prefix + "kda.", arch.hidden_size
+    return [slot(p + "in_proj.weight", g.projection, hidden), slot(p + "conv.weight", g.conv_dim, g.conv_kernel),
+            slot(p + "conv.bias", g.conv_dim), slot(p + "f_a.weight", g.head_dim, hidden),
+            slot(p + "f_b.weight", g.qkv_dim, g.head_dim), slot(p + "dt_bias", g.qkv_dim, dtype="float32"),
+            slot(p + "A", g.num_heads, dtype="float32"), slot(p + "g_a.weight", g.head_dim, hidden),
+            slot(p + "g_b.weight", g.qkv_dim, g.head_dim), slot(p + "norm", g.head_dim),
+            slot(p + "out.weight", hidden, g.qkv_dim)]

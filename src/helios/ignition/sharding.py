@@ -61,7 +61,7 @@ from helios.contract import manifest_pb2 as mpb
 from helios.core.catalogs import TensorView, WeightCatalog
 from helios.ignition.architecture import Architecture, CheckpointError
 from helios.ignition.recipes.base import NamedWeight, Recipe, check_weights
-from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry, ShortConvGeometry
+from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry, KimiDeltaGeometry, ShortConvGeometry
 from helios.ignition.safetensors_image import SafetensorsImage, safetensors_image
 
 
@@ -77,6 +77,9 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
                "key/value heads (num_key_value_heads)": arch.num_kv_heads,
                "MLP width (intermediate_size)": arch.intermediate_size}
     recurrent = arch.recurrent
+    if isinstance(recurrent, KimiDeltaGeometry) or (recurrent is not None and arch.latent is not None):
+        raise CheckpointError("tensor parallelism: Kimi Delta Attention layers and latent attention beside recurrent "
+                              "layers are prepared for one rank")
     if isinstance(recurrent, GatedDeltaNetGeometry):  # key heads, each with the value heads reading it
         extents["linear-attention key heads (linear_num_key_heads)"] = recurrent.num_key_heads
     elif isinstance(recurrent, ShortConvGeometry):  # channels (with their gates and convolution taps)
