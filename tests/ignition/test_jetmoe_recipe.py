@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from helios.ignition.architecture import CheckpointError, weight_layout
+from helios.ignition.decoder import expert_head_weights
 from helios.ignition.recipes import load_checkpoint
 
 from . import test_equivalence as equivalence
@@ -51,6 +52,19 @@ def test_the_head_weighting_matters(prepared):
     unweighted = dataclasses.replace(recipe.architecture, attention_experts=0, attention_experts_per_token=0)
     equivalence.assert_change_matters(prepared, equivalence.random_prompt(13, seed=1), arch=unweighted,
                                       weights=equivalence.layout_tensors(recipe, unweighted))
+
+
+def test_the_head_weights_are_capturable_and_sum_to_one_per_head_group(prepared):
+    """`expert_head_weights` reads nothing on the host (CUDA graphs capture it) and gives each token top-k nonzero
+    expert weights per key/value head, summing to 1."""
+    from support.host_sync import forbid_host_sync
+
+    arch, weights = prepared.recipe.architecture, dict(prepared.recipe.weights)
+    hidden = torch.randn(5, arch.hidden_size, generator=torch.Generator().manual_seed(4))
+    with forbid_host_sync():
+        scales = expert_head_weights(arch, weights["layers.0.attn_router.weight"], hidden)
+    per_expert = scales.reshape(5, arch.num_kv_heads, arch.attention_experts, arch.head_dim)[:, 0, :, 0]
+    assert ((per_expert > 0).sum(-1) == 2).all() and torch.allclose(per_expert.sum(-1), torch.ones(5))
 
 
 @pytest.fixture(scope="module")
