@@ -37,7 +37,7 @@ convolutions (``helios::causal_conv_update`` alone, its window the whole state) 
 (LFM2-MoE: beside sigmoid-routed experts with a choice bias). OLMo Hybrid's Gated DeltaNet layers (beta doubled)
 beside OLMo 2's attention blocks (output norms, whole-projection q/k norms), rotary or unrotated. Kimi Linear's Kimi
 Delta Attention (``helios::gated_delta_rule`` with a decay per key channel, its torch body on CUDA) beside latent
-attention in a hybrid.
+attention in a hybrid; the Bailing hybrid's full-rank and safe gates beside gated rotary latent attention.
 Llama 4's chunked local attention (``helios::paged_attention_chunked``, its Triton kernel), NoPE layers'
 temperature tuning and experts weighted on their inputs beside a shared expert; MiniMax-M2's whole-projection
 q/k norms under partial rotary beside sigmoid routing with a choice bias; DBRX's clamped q/k/v under LayerNorms
@@ -76,7 +76,7 @@ from ignition.hf_checkpoints import CWM, JAIS2, NANOCHAT
 from ignition.hf_checkpoints import JETMOE
 from ignition.hf_checkpoints import LFM2, LFM2_MOE
 from ignition.hf_checkpoints import OLMO_HYBRID, OLMO_HYBRID_NOPE
-from ignition.hf_checkpoints import KIMI_LINEAR
+from ignition.hf_checkpoints import BAILING_HYBRID, KIMI_LINEAR
 from ignition.test_deepseek_v32_recipe import DEEPSEEK_V32, GLM5
 from support.runtime_runs import first_difference, greedy_run, logits_error
 
@@ -96,7 +96,7 @@ def cores(tmp_path_factory) -> base.Cores:
                                     EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, GLM, HELIUM, MINISTRAL, VAULTGEMMA, OLMO1, MINISTRAL3, *GRANITE_HYBRID_FAMILIES,
                                     NEMOTRON_H, NEMOTRON_H_MOE, *FALCON_H1_FAMILIES, LLAMA4, MINIMAX_M2, DBRX, PHIMOE,
                                     DEEPSEEK_V32, GLM5, EXAONE_MOE, SOLAR_OPEN, LFM2, LFM2_MOE, AFMOE, FLEX_OLMO,
-                                    GRANITE_SWA, GRANITE_MOE_SWA, OLMO_HYBRID, OLMO_HYBRID_NOPE, KIMI_LINEAR, CWM, JAIS2,
+                                    GRANITE_SWA, GRANITE_MOE_SWA, OLMO_HYBRID, OLMO_HYBRID_NOPE, KIMI_LINEAR, BAILING_HYBRID, CWM, JAIS2,
                                     NANOCHAT, JETMOE],
                          ids=lambda f: f.name)
 def test_float32_greedy_tokens_on_cuda_equal_the_cpu_path(cores, family):

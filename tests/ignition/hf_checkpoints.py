@@ -432,6 +432,19 @@ KIMI_LINEAR = Family("kimi_linear", transformers.KimiLinearConfig, (
     ("linear_attn_config", {"head_dim": 8, "num_heads": 3, "short_conv_kernel_size": 4}),
     ("tie_word_embeddings", False), *PHI3_IDS,
 ))
+# Bailing hybrid (tests/ignition/test_bailing_hybrid_recipe.py): Kimi Linear's shapes with full-rank gates, the safe
+# gate (lower bound -5), 4 linear-attention heads of 16 (transformers
+# reloads them at head_dim, which it saves as qk_rope_head_dim: the two kept equal), latent attention rotating its interleaved rotary part with
+# each head gated; 8 experts in 2 groups (1 kept), top-3, a shared expert; untied.
+BAILING_HYBRID = Family("bailing_hybrid", transformers.BailingHybridConfig, (
+    ("num_hidden_layers", 3), ("num_key_value_heads", 4),
+    ("layer_types", ["linear_attention", "full_attention", "linear_attention"]),
+    ("mlp_layer_types", ["dense", "sparse", "sparse"]), ("num_local_experts", 8), ("num_experts_per_tok", 3),
+    ("n_group", 2), ("topk_group", 1), ("moe_intermediate_size", 32), ("n_shared_experts", 1),
+    ("routed_scaling_factor", 2.0), ("kv_lora_rank", 32), ("q_lora_rank", None), ("qk_rope_head_dim", 16),
+    ("qk_nope_head_dim", 16), ("v_head_dim", 24), ("head_dim", 16),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), ("tie_word_embeddings", False), *PHI3_IDS,
+))
 # LFM2-MoE (tests/ignition/test_lfm2_recipe.py): LFM2's layers without biases, layer 0's MLP dense, layers 1 and 2 a
 # mixture of 8 experts: top-3 of the sigmoid scores plus a random choice bias, renormalised and scaled by 1.5; tied.
 LFM2_MOE = Family("lfm2_moe", transformers.Lfm2MoeConfig, (

@@ -124,6 +124,7 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
                                             "InternLM3ForCausalLM", "VaultGemmaForCausalLM",
                                             "OlmoForCausalLM", "Ministral3ForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
                                             "OlmoHybridForCausalLM", "KimiLinearForCausalLM",
+                                            "BailingHybridForCausalLM",
                                             "ExaoneMoeForCausalLM", "SolarOpenForCausalLM",
                                             "AfmoeForCausalLM", "FlexOlmoForCausalLM",
                                             "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",

@@ -241,6 +241,8 @@ class LatentAttention:
     q_lora_rank: int = 0
     rope_attention_factor: float = 1.0
     norm_eps: float = 1e-6
+    # Bailing hybrid: each head's attended values times sigmoid(x . head_gate row) before o (hybrid decoders only)
+    head_gate: bool = False
 
     @property
     def qk_head_dim(self) -> int:
@@ -355,6 +357,8 @@ class Architecture:
             raise CheckpointError(f"attention_experts {self.attention_experts} (top "
                                   f"{self.attention_experts_per_token}) needs num_heads = experts x num_kv_heads of "
                                   f"plain, ungated attention layers")
+        if self.latent is not None and self.latent.head_gate and self.recurrent is None:
+            raise CheckpointError("latent head_gate: only a hybrid decoder's latent attention gates its heads")
         if self.attention_gate and (self.latent is not None or self.qkv_clip):
             raise CheckpointError("attention_gate: latent attention and clamped q/k/v do not gate their output")
         if self.qk_norm_after_rotary and (not self.qk_norm or self.latent is not None or self.recurrent is not None):
@@ -603,6 +607,7 @@ def _latent_slots(arch: Architecture, prefix: str) -> list[WeightSlot]:
         _slot(prefix + "kv_a.weight", arch, latent.kv_lora_rank + latent.qk_rope_head_dim, hidden),
         _slot(prefix + "kv_a_norm", arch, latent.kv_lora_rank),
         _slot(prefix + "kv_b.weight", arch, heads * (latent.qk_nope_head_dim + latent.v_head_dim), latent.kv_lora_rank),
+        *([_slot(prefix + "head_gate.weight", arch, heads, hidden)] if latent.head_gate else []),
         _slot(prefix + "o.weight", arch, hidden, arch.attention_out_size),
     ] + indexer_slots(arch, int(prefix.split(".")[1]), lambda name, *shape: _slot(name, arch, *shape), WeightSlot)
 

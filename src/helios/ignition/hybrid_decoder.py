@@ -111,6 +111,9 @@ def attention_block(arch: Architecture, w, prefix: str, hidden, planes, step: Pa
         layer = int(prefix.split(".")[1])
         shared = LayerInputs(step, {layer: planes[0]}, {layer: planes[1]}, *rotary)
         attended = latent_attention(arch, w, layer, hidden, shared)
+        if arch.latent.head_gate:  # Bailing hybrid: each head's values times sigmoid of its gate row
+            gate = torch.sigmoid(F.linear(hidden, w[prefix + "head_gate.weight"]).to(torch.float32)).to(hidden.dtype)
+            attended = (attended.view(num_tokens, arch.num_heads, -1) * gate[..., None]).reshape(attended.shape)
         return row_parallel_linear(arch, attended, w[prefix + "o.weight"], None)
     qkv = F.linear(hidden, w[prefix + "qkv.weight"], w.get(prefix + "qkv.bias"))
     gate_size = arch.q_size if arch.attention_gate else 0

@@ -41,9 +41,12 @@ b), ``layers.i.kda.conv.weight`` [3 qkv_dim, conv_kernel], ``layers.i.kda.conv.b
 ``layers.i.kda.f_a.weight`` [D, hidden] and ``layers.i.kda.f_b.weight`` [qkv_dim, D] (the forget
 gate's low-rank projection), ``layers.i.kda.dt_bias`` float32 [qkv_dim], ``layers.i.kda.A`` float32 [H]
 (-exp(A_log)), ``layers.i.kda.g_a.weight`` [D, hidden] and ``layers.i.kda.g_b.weight`` [qkv_dim, D]
-(the output gate's), ``layers.i.kda.norm`` [D] and ``layers.i.kda.out.weight`` [hidden, qkv_dim]. Per
+(the output gate's; with ``low_rank_gates`` off, Bailing's full-rank ``layers.i.kda.f.weight`` and
+``layers.i.kda.g.weight`` [qkv_dim, hidden] instead of each pair), ``layers.i.kda.norm`` [D] and
+``layers.i.kda.out.weight`` [hidden, qkv_dim]. Per
 token: q, k, v = silu(conv(in_proj rows)); beta = sigmoid(b); g = A softplus(f_b f_a x + dt_bias) per
-channel; o = the gated delta rule with that per-channel decay; out(norm(o) sigmoid(g_b g_a x))
+channel (with ``lower_bound`` < 0: lower_bound sigmoid(-A (f x + dt_bias))); o = the gated delta rule
+with that per-channel decay; out(norm(o) sigmoid(g_b g_a x))
 (`helios.ignition.kimi_mixer`).
 
 Weight slots of a gated short convolution layer i (C channels, C = H): ``layers.i.short.in_proj.weight``
@@ -215,6 +218,10 @@ class KimiDeltaGeometry:
     num_heads: int
     head_dim: int
     conv_kernel: int
+    # False (Bailing hybrid): the forget and output gates are full-rank projections ``f`` / ``g`` [qkv_dim, hidden]
+    low_rank_gates: bool = True
+    # < 0 (Bailing hybrid's safe gate): g = lower_bound sigmoid(-A (f x + dt_bias)), in (lower_bound, 0)
+    lower_bound: float = 0.0
 
     @property
     def qkv_dim(self) -> int:
@@ -244,6 +251,8 @@ class KimiDeltaGeometry:
             found.append("linear-attention heads and head dims must be positive")
         if self.conv_kernel < 2:
             found.append("the linear-attention convolution needs at least 2 taps")
+        if not (math.isfinite(self.lower_bound) and self.lower_bound <= 0):
+            found.append(f"the linear-attention gate's lower_bound {self.lower_bound} must be finite and <= 0")
         return found
 
 
@@ -294,9 +303,13 @@ def _short_conv_slots(arch, prefix: str, slot) -> list:
 def _kimi_slots(arch, prefix: str, slot) -> list:
     g: KimiDeltaGeometry = arch.recurrent
     p, hidden = prefix + "kda.", arch.hidden_size
+
+    def gate(name: str) -> list:
+        if g.low_rank_gates:
+            return [slot(p + name + "_a.weight", g.head_dim, hidden), slot(p + name + "_b.weight", g.qkv_dim, g.head_dim)]
+        return [slot(p + name + ".weight", g.qkv_dim, hidden)]
+
     return [slot(p + "in_proj.weight", g.projection, hidden), slot(p + "conv.weight", g.conv_dim, g.conv_kernel),
-            slot(p + "conv.bias", g.conv_dim), slot(p + "f_a.weight", g.head_dim, hidden),
-            slot(p + "f_b.weight", g.qkv_dim, g.head_dim), slot(p + "dt_bias", g.qkv_dim, dtype="float32"),
-            slot(p + "A", g.num_heads, dtype="float32"), slot(p + "g_a.weight", g.head_dim, hidden),
-            slot(p + "g_b.weight", g.qkv_dim, g.head_dim), slot(p + "norm", g.head_dim),
+            slot(p + "conv.bias", g.conv_dim), *gate("f"), slot(p + "dt_bias", g.qkv_dim, dtype="float32"),
+            slot(p + "A", g.num_heads, dtype="float32"), *gate("g"), slot(p + "norm", g.head_dim),
             slot(p + "out.weight", hidden, g.qkv_dim)]

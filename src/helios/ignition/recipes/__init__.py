@@ -38,7 +38,8 @@ Hybrid recurrent decoders: Bamba (`bamba`, Mamba2 mixers), Qwen3-Next and the Qw
 (`granitemoehybrid`, Mamba2 mixers with Granite's multipliers and experts), Nemotron-H
 (`nemotron_h`, Mamba2, attention and relu2 MLP blocks), Falcon-H1 (`falcon_h1`, attention and a
 Mamba2 mixer side by side in every layer), LFM2 and LFM2-MoE (`lfm2`, gated short convolutions and attention), OLMo Hybrid (`olmo_hybrid`, Gated DeltaNet
-layers and OLMo 2's attention blocks), Kimi Linear (`kimi_linear`, Kimi Delta Attention beside latent attention).
+layers and OLMo 2's attention blocks), Kimi Linear (`kimi_linear`, Kimi Delta Attention beside latent attention), the Bailing hybrid (`bailing_hybrid`,
+Kimi Delta Attention beside gated rotary latent attention).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from helios.ignition.recipes import falcon_h1
 from helios.ignition.recipes import lfm2
 from helios.ignition.recipes import olmo_hybrid
 from helios.ignition.recipes import kimi_linear
+from helios.ignition.recipes import bailing_hybrid
 from helios.ignition.recipes import exaone4
 from helios.ignition.recipes import apertus
 from helios.ignition.recipes import arcee
@@ -127,6 +129,7 @@ _REGISTRY.update({name: falcon_h1.build for name in falcon_h1.ARCHITECTURES})
 _REGISTRY.update({name: lfm2.build for name in lfm2.ARCHITECTURES})
 _REGISTRY.update({name: olmo_hybrid.build for name in olmo_hybrid.ARCHITECTURES})
 _REGISTRY.update({name: kimi_linear.build for name in kimi_linear.ARCHITECTURES})
+_REGISTRY.update({name: bailing_hybrid.build for name in bailing_hybrid.ARCHITECTURES})
 _REGISTRY.update({name: exaone4.build for name in exaone4.ARCHITECTURES})
 _REGISTRY.update({name: apertus.build for name in apertus.ARCHITECTURES})
 _REGISTRY.update({name: arcee.build for name in arcee.ARCHITECTURES})
