@@ -70,10 +70,8 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
                 + mlp + [NamedWeight(dst + "mlp_out_norm", take(src + "post_mlp_layernorm.weight"))])
 
     weights, used = llama.prepared_weights(arch, config, tensors, layer_weights)
-    unplaced = sorted(name for name in tensors.names - used if not is_empty_shared_expert(name, arch, tensors))
-    if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
-        raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
-    return Recipe(source, arch, weights)
+    return llama.placed_recipe(source, arch, weights, used, tensors,
+                               lambda name: is_empty_shared_expert(name, arch, tensors))
 
 
 def gated_attention_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:

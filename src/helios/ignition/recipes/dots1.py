@@ -17,11 +17,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from helios.ignition.architecture import Architecture
 from helios.ignition.recipes import llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.base import Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors
-from helios.ignition.recipes.moe import ExpertNames, is_empty_shared_expert, mixture_from_config, sparse_weights
+from helios.ignition.recipes.moe import ExpertNames, is_empty_shared_expert, mixture_from_config, sparse_layer_weights
 
 ARCHITECTURES = ("Dots1ForCausalLM",)
 _NAMES = ExpertNames("mlp.", "gate_proj", "up_proj", "down_proj")
@@ -37,19 +36,9 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     moe = None if dense else mixture_from_config(source, config, base.num_layers)
     arch = dataclasses.replace(base, moe=moe)
     llama.rope_parameters(config)  # refuses a partial_rotary_factor: the reference rotates whole heads
-
-    def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
-        slots = llama.attention_weights(arch, layer, take)
-        if not arch.is_sparse(layer):
-            return slots + llama.dense_mlp_weights(arch, layer, take)
-        return slots + sparse_weights(arch, layer, take, tensors, _NAMES)
-
-    weights, used = llama.prepared_weights(arch, config, tensors, layer_weights)
-    unplaced = sorted(name for name in tensors.names - used
-                      if not name.endswith("rotary_emb.inv_freq") and not is_empty_shared_expert(name, arch, tensors))
-    if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
-        raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
-    return Recipe(source, arch, weights)
+    weights, used = llama.prepared_weights(arch, config, tensors, sparse_layer_weights(tensors, _NAMES))
+    return llama.placed_recipe(source, arch, weights, used, tensors,
+                               lambda name: is_empty_shared_expert(name, arch, tensors))
 
 
 def with_layer_types(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ A checkpoint tensor this recipe does not place is an error: it would be silently
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -51,10 +51,13 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     return placed_recipe(source, arch, weights, used, tensors)
 
 
-def placed_recipe(source: str, arch: Architecture, weights, used: set[str], tensors: CheckpointTensors) -> Recipe:
+def placed_recipe(source: str, arch: Architecture, weights, used: set[str], tensors: CheckpointTensors,
+                  ignored: Callable[[str], bool] | None = None) -> Recipe:
     """The recipe of `weights` (made from the checkpoint tensors `used`); an UnsupportedCheckpoint
-    where the checkpoint holds a tensor they leave out (a tied model's own lm_head aside)."""
-    unplaced = sorted(name for name in tensors.names - used if not name.endswith(_IGNORED_SUFFIXES))
+    where the checkpoint holds a tensor they leave out (a tied model's own lm_head, rotary buffers and
+    the names `ignored` accepts aside)."""
+    unplaced = sorted(name for name in tensors.names - used
+                      if not name.endswith(_IGNORED_SUFFIXES) and not (ignored and ignored(name)))
     if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
         raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
     return Recipe(source, arch, weights)

@@ -70,25 +70,27 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     moe = mixture_from_config(source, config, base.num_layers)
     dense = len(moe.sparse_layers) < base.num_layers
     arch = dataclasses.replace(base, moe=moe, intermediate_size=base.intermediate_size if dense else 0)
-    names = _NAMES[source]
     if source not in _PARTIAL_ROTARY:
         llama.rope_parameters(config)  # refuses a partial_rotary_factor: the family rotates whole heads
     rotary = llama.rotary_width(config, arch.head_dim)
+    inv_freq, transform = None, None
+    if rotary < arch.head_dim:
+        inv_freq, transform = partial_rotary(config, arch.head_dim, rotary)
+    weights, used = llama.prepared_weights(arch, config, tensors, sparse_layer_weights(tensors, _NAMES[source]),
+                                           inv_freq, transform)
+    return llama.placed_recipe(source, arch, weights, used, tensors, lambda name: _ignored(name, arch, config, tensors))
 
+
+def sparse_layer_weights(tensors: CheckpointTensors, names: ExpertNames):
+    """`llama.prepared_weights`' layer_weights of Llama's attention with the dense MLP, or in sparse
+    layers the router, experts and shared expert `names` spells (`sparse_weights`)."""
     def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
         slots = llama.attention_weights(arch, layer, take)
         if not arch.is_sparse(layer):
             return slots + llama.dense_mlp_weights(arch, layer, take)
         return slots + sparse_weights(arch, layer, take, tensors, names)
 
-    inv_freq, transform = None, None
-    if rotary < arch.head_dim:
-        inv_freq, transform = partial_rotary(config, arch.head_dim, rotary)
-    weights, used = llama.prepared_weights(arch, config, tensors, layer_weights, inv_freq, transform)
-    unplaced = sorted(name for name in tensors.names - used if not _ignored(name, arch, config, tensors))
-    if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
-        raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
-    return Recipe(source, arch, weights)
+    return layer_weights
 
 
 def mixture_from_config(source: str, config: Mapping[str, Any], num_layers: int) -> MixtureOfExperts:

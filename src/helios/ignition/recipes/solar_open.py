@@ -51,7 +51,5 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
         return llama.attention_weights(arch, layer, take) + sparse_weights(arch, layer, take, tensors, _NAMES)
 
     weights, used = llama.prepared_weights(arch, config, tensors, layer_weights)
-    unplaced = sorted(name for name in tensors.names - used if not is_empty_shared_expert(name, arch, tensors))
-    if unplaced and not (arch.tie_word_embeddings and unplaced == ["lm_head.weight"]):
-        raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
-    return Recipe(source, arch, weights)
+    return llama.placed_recipe(source, arch, weights, used, tensors,
+                               lambda name: is_empty_shared_expert(name, arch, tensors))
