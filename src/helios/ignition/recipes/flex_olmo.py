@@ -18,8 +18,8 @@ import dataclasses
 from typing import Any, Mapping
 
 from helios.ignition.architecture import Architecture, MixtureOfExperts
-from helios.ignition.recipes import llama, moe
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
+from helios.ignition.recipes import llama, moe, olmo
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 
 ARCHITECTURES = ("FlexOlmoForCausalLM",)
@@ -47,25 +47,10 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     llama.rope_parameters(config)  # refuses a partial_rotary_factor: the reference rotates whole heads
 
     def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
-        return (attention_weights(arch, layer, take) + moe.sparse_weights(arch, layer, take, tensors, _NAMES)
-                + [NamedWeight(f"layers.{layer}.mlp_out_norm",
-                               take(f"model.layers.{layer}.post_feedforward_layernorm.weight"))])
+        return (olmo.post_norm_attention_weights(arch, layer, take)
+                + moe.sparse_weights(arch, layer, take, tensors, _NAMES) + [NamedWeight(
+                    f"layers.{layer}.mlp_out_norm", take(f"model.layers.{layer}.post_feedforward_layernorm.weight"))])
 
     weights, used = llama.prepared_weights(arch, config, tensors, layer_weights)
     return llama.placed_recipe(source, arch, weights, used, tensors)
 
-
-def attention_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
-    """A post-norm layer's attention slots (OLMo 2's names): q/k/v, the q/k norms, o, the output norm."""
-    src, dst = f"model.layers.{layer}.", f"layers.{layer}."
-    attn = src + "self_attn."
-    qkv = [attn + "q_proj.", attn + "k_proj.", attn + "v_proj."]
-    out = [NamedWeight(dst + "qkv.weight", fused(take, [p + "weight" for p in qkv]))]
-    if arch.qkv_bias:
-        out.append(NamedWeight(dst + "qkv.bias", fused(take, [p + "bias" for p in qkv])))
-    out += [NamedWeight(dst + "q_norm", take(attn + "q_norm.weight")),
-            NamedWeight(dst + "k_norm", take(attn + "k_norm.weight")),
-            NamedWeight(dst + "o.weight", take(attn + "o_proj.weight"))]
-    if arch.o_bias:
-        out.append(NamedWeight(dst + "o.bias", take(attn + "o_proj.bias")))
-    return out + [NamedWeight(dst + "attn_out_norm", take(src + "post_attention_layernorm.weight"))]

@@ -102,8 +102,15 @@ def rope_settings(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 
 def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
-    """A post-norm layer's slots (OLMo 2's names, EXAONE 4's too): q/k/v, the q/k norms, o, the
-    attention output norm, the gated MLP and its output norm."""
+    """A post-norm layer's slots (OLMo 2's names, EXAONE 4's too): its attention slots
+    (`post_norm_attention_weights`), the gated MLP and its output norm."""
+    out = post_norm_attention_weights(arch, layer, take) + llama.dense_mlp_weights(arch, layer, take)
+    return out + [NamedWeight(f"layers.{layer}.mlp_out_norm",
+                              take(f"model.layers.{layer}.post_feedforward_layernorm.weight"))]
+
+
+def post_norm_attention_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
+    """A post-norm layer's attention slots (OLMo 2's names): q/k/v, the q/k norms, o, the output norm."""
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
     attn = src + "self_attn."
     qkv = [attn + "q_proj.", attn + "k_proj.", attn + "v_proj."]
@@ -115,6 +122,4 @@ def layer_weights(arch: Architecture, layer: int, take) -> list[NamedWeight]:
             NamedWeight(dst + "o.weight", take(attn + "o_proj.weight"))]
     if arch.o_bias:
         out.append(NamedWeight(dst + "o.bias", take(attn + "o_proj.bias")))
-    out.append(NamedWeight(dst + "attn_out_norm", take(src + "post_attention_layernorm.weight")))
-    out += llama.dense_mlp_weights(arch, layer, take)
-    return out + [NamedWeight(dst + "mlp_out_norm", take(src + "post_feedforward_layernorm.weight"))]
+    return out + [NamedWeight(dst + "attn_out_norm", take(src + "post_attention_layernorm.weight"))]
