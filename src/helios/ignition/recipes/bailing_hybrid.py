@@ -25,8 +25,8 @@ from typing import Any, Mapping
 import torch
 
 from helios.ignition.architecture import Architecture, LatentAttention
-from helios.ignition.recipes import bamba, llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
+from helios.ignition.recipes import llama
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused, hybrid_layer_kinds
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.deepseek import _HeadRows, check_key_heads
 from helios.ignition.recipes.kimi_linear import LAYER_KINDS, LATENT_NORM_EPS, mixture
@@ -52,14 +52,7 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
         if group < 1:
             raise UnsupportedCheckpoint(f"layer_group_size {group} must be >= 1")
         kinds = ["full_attention" if (i + 1) % group == 0 else "linear_attention" for i in range(num_layers)]
-    kinds = tuple(kinds)
-    if len(kinds) != num_layers or not set(kinds) <= set(LAYER_KINDS):
-        raise UnsupportedCheckpoint(f"layer_types {list(kinds)} must give each of the {num_layers} layers one of "
-                                    f"{LAYER_KINDS}")
-    for kind in LAYER_KINDS:
-        if kind not in kinds:
-            raise UnsupportedCheckpoint(f"layer_types without a {kind!r} layer are not supported (a hybrid of both)")
-    return kinds
+    return hybrid_layer_kinds(kinds, num_layers, LAYER_KINDS)
 
 
 def rope_theta(config: Mapping[str, Any]) -> float:

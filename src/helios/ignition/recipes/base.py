@@ -87,3 +87,17 @@ def check_weights(arch: Architecture, weights: tuple[NamedWeight, ...]) -> None:
                                   f"prepare it in bfloat16 or float32")
         if slot.name in _ROPE_SLOTS and not is_finite(weight.tensor):  # computed from the rope settings
             raise CheckpointError("config.json's rope settings yield non-finite rotary frequencies")
+
+
+def hybrid_layer_kinds(kinds, num_layers: int, allowed: tuple[str, ...], required: tuple[str, ...] | None = None,
+                       what: str = "a hybrid of both") -> tuple[str, ...]:
+    """`kinds` (``layer_types`` or a family's rule) as a tuple, one of `allowed` per layer and each of
+    `required` (default: every allowed kind) among them; else an UnsupportedCheckpoint naming them."""
+    kinds = tuple(kinds)
+    if len(kinds) != num_layers or not set(kinds) <= set(allowed):
+        raise UnsupportedCheckpoint(f"layer_types {list(kinds)} must give each of the {num_layers} layers one of "
+                                    f"{allowed}")
+    for kind in allowed if required is None else required:
+        if kind not in kinds:
+            raise UnsupportedCheckpoint(f"layer_types without a {kind!r} layer are not supported ({what})")
+    return kinds

@@ -26,7 +26,7 @@ import torch
 
 from helios.ignition.architecture import Architecture, LatentAttention, MixtureOfExperts
 from helios.ignition.recipes import bamba
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused, hybrid_layer_kinds
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.deepseek import check_key_heads
 from helios.ignition.recipes.llama import placed_recipe
@@ -65,14 +65,7 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
             kinds[layer - 1] = "linear_attention"
     elif kinds is None:
         kinds = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(num_layers)]
-    kinds = tuple(kinds)
-    if len(kinds) != num_layers or not set(kinds) <= set(LAYER_KINDS):
-        raise UnsupportedCheckpoint(f"layer_types {list(kinds)} must give each of the {num_layers} layers one of "
-                                    f"{LAYER_KINDS}")
-    for kind in LAYER_KINDS:
-        if kind not in kinds:
-            raise UnsupportedCheckpoint(f"layer_types without a {kind!r} layer are not supported (a hybrid of both)")
-    return kinds
+    return hybrid_layer_kinds(kinds, num_layers, LAYER_KINDS)
 
 
 def mixture(config: Mapping[str, Any], num_layers: int) -> MixtureOfExperts | None:

@@ -34,7 +34,7 @@ import torch
 
 from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes import bamba, llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused, hybrid_layer_kinds
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.moe import ExpertNames, sparse_weights
 from helios.ignition.recurrent_geometry import ShortConvGeometry
@@ -58,14 +58,7 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
         attention = config.get("full_attn_idxs")
         attention = set(range(num_layers) if attention is None else attention)
         kinds = ["full_attention" if i in attention else "conv" for i in range(num_layers)]
-    kinds = tuple(kinds)
-    if len(kinds) != num_layers or not set(kinds) <= set(LAYER_KINDS):
-        raise UnsupportedCheckpoint(f"layer_types {list(kinds)} must give each of the {num_layers} layers one of "
-                                    f"{LAYER_KINDS}")
-    if "conv" not in kinds:
-        raise UnsupportedCheckpoint("layer_types without a 'conv' layer are not supported (a hybrid with short "
-                                    "convolutions)")
-    return kinds
+    return hybrid_layer_kinds(kinds, num_layers, LAYER_KINDS, ("conv",), "a hybrid with short convolutions")
 
 
 def mlp_width(config: Mapping[str, Any]) -> int:

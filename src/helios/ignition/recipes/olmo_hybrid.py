@@ -29,7 +29,7 @@ import torch
 
 from helios.ignition.architecture import Architecture
 from helios.ignition.recipes import bamba, llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused, hybrid_layer_kinds
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry
 
@@ -52,14 +52,7 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
         kinds = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(num_layers)]
         if "full_attention" not in kinds:
             kinds[-1] = "full_attention"
-    kinds = tuple(kinds)
-    if len(kinds) != num_layers or not set(kinds) <= set(LAYER_KINDS):
-        raise UnsupportedCheckpoint(f"layer_types {list(kinds)} must give each of the {num_layers} layers one of "
-                                    f"{LAYER_KINDS}")
-    for kind in LAYER_KINDS:
-        if kind not in kinds:
-            raise UnsupportedCheckpoint(f"layer_types without a {kind!r} layer are not supported (a hybrid of both)")
-    return kinds
+    return hybrid_layer_kinds(kinds, num_layers, LAYER_KINDS)
 
 
 def rotates(config: Mapping[str, Any]) -> bool:

@@ -36,7 +36,7 @@ import torch
 
 from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes import llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused, hybrid_layer_kinds
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.moe import ExpertNames, sparse_weights
 from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry
@@ -66,14 +66,7 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
         if interval < 1:
             raise UnsupportedCheckpoint(f"full_attention_interval {interval} must be >= 1")
         kinds = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)]
-    kinds = tuple(kinds)
-    if len(kinds) != num_layers or not set(kinds) <= set(LAYER_KINDS):
-        raise UnsupportedCheckpoint(f"layer_types {list(kinds)} must give each of the {num_layers} layers one of "
-                                    f"{LAYER_KINDS}")
-    for kind in LAYER_KINDS:
-        if kind not in kinds:
-            raise UnsupportedCheckpoint(f"layer_types without a {kind!r} layer are not supported (a hybrid of both)")
-    return kinds
+    return hybrid_layer_kinds(kinds, num_layers, LAYER_KINDS)
 
 
 def architecture_from_config(source: str, config: Mapping[str, Any], tensors: CheckpointTensors,
