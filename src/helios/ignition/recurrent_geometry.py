@@ -103,11 +103,7 @@ class RecurrentGeometry:
 
     def problems(self, num_layers: int) -> list[str]:
         """Invariant violations (empty when the geometry is consistent)."""
-        found = []
-        if not self.layers or len(set(self.layers)) != len(self.layers):
-            found.append("recurrent layers must be distinct and at least one")
-        if any(not 0 <= layer < num_layers for layer in self.layers):
-            found.append(f"recurrent layers {self.layers} lie outside 0..{num_layers - 1}")
+        found = layer_problems(self.layers, num_layers, "recurrent")
         if self.num_groups < 1 or self.num_heads % self.num_groups:
             found.append(f"{self.num_heads} mixer heads are not a multiple of {self.num_groups} groups")
         if self.conv_kernel < 2:
@@ -154,11 +150,7 @@ class GatedDeltaNetGeometry:
 
     def problems(self, num_layers: int) -> list[str]:
         """Invariant violations (empty when the geometry is consistent)."""
-        found = []
-        if not self.layers or len(set(self.layers)) != len(self.layers):
-            found.append("linear-attention layers must be distinct and at least one")
-        if any(not 0 <= layer < num_layers for layer in self.layers):
-            found.append(f"linear-attention layers {self.layers} lie outside 0..{num_layers - 1}")
+        found = layer_problems(self.layers, num_layers, "linear-attention")
         if min(self.num_key_heads, self.num_value_heads, self.key_head_dim, self.value_head_dim) < 1:
             found.append("linear-attention heads and head dims must be positive")
         elif self.num_value_heads % self.num_key_heads:
@@ -198,11 +190,7 @@ class ShortConvGeometry:
 
     def problems(self, num_layers: int) -> list[str]:
         """Invariant violations (empty when the geometry is consistent)."""
-        found = []
-        if not self.layers or len(set(self.layers)) != len(self.layers):
-            found.append("short convolution layers must be distinct and at least one")
-        if any(not 0 <= layer < num_layers for layer in self.layers):
-            found.append(f"short convolution layers {self.layers} lie outside 0..{num_layers - 1}")
+        found = layer_problems(self.layers, num_layers, "short convolution")
         if self.channels < 1:
             found.append("the short convolution needs at least one channel")
         if self.conv_kernel < 2:
@@ -242,11 +230,7 @@ class KimiDeltaGeometry:
 
     def problems(self, num_layers: int) -> list[str]:
         """Invariant violations (empty when the geometry is consistent)."""
-        found = []
-        if not self.layers or len(set(self.layers)) != len(self.layers):
-            found.append("linear-attention layers must be distinct and at least one")
-        if any(not 0 <= layer < num_layers for layer in self.layers):
-            found.append(f"linear-attention layers {self.layers} lie outside 0..{num_layers - 1}")
+        found = layer_problems(self.layers, num_layers, "linear-attention")
         if min(self.num_heads, self.head_dim) < 1:
             found.append("linear-attention heads and head dims must be positive")
         if self.conv_kernel < 2:
@@ -254,6 +238,16 @@ class KimiDeltaGeometry:
         if not (math.isfinite(self.lower_bound) and self.lower_bound <= 0):
             found.append(f"the linear-attention gate's lower_bound {self.lower_bound} must be finite and <= 0")
         return found
+
+
+def layer_problems(layers: tuple[int, ...], num_layers: int, kind: str) -> list[str]:
+    """The layer-list violations every geometry checks: `layers` distinct, at least one, in range."""
+    found = []
+    if not layers or len(set(layers)) != len(layers):
+        found.append(f"{kind} layers must be distinct and at least one")
+    if any(not 0 <= layer < num_layers for layer in layers):
+        found.append(f"{kind} layers {layers} lie outside 0..{num_layers - 1}")
+    return found
 
 
 def mixer_slots(arch, prefix: str, slot) -> list:
