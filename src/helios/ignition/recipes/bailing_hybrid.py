@@ -159,10 +159,7 @@ def prepared_weights(arch: Architecture, config: Mapping[str, Any], tensors: Che
         if arch.is_sparse(layer):
             weights += sparse_weights(arch, layer, take, tensors, _EXPERTS)
         else:
-            mlp = src + "mlp."
-            weights += [NamedWeight(dst + "gate_up.weight", fused(take, [mlp + "gate_proj.weight",
-                                                                          mlp + "up_proj.weight"])),
-                        NamedWeight(dst + "down.weight", take(mlp + "down_proj.weight"))]
+            weights += llama.dense_mlp_weights(arch, layer, take)
     weights.append(NamedWeight("final_norm", take("model.norm.weight")))
     if not arch.tie_word_embeddings:
         weights.append(NamedWeight("lm_head", take("lm_head.weight")))
