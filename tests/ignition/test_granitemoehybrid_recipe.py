@@ -44,6 +44,16 @@ class Prepared:
     directory: object
 
 
+_PREPARED: dict[str, Prepared] = {}
+
+
+def prepared_once(family: Family, tmp_path_factory) -> Prepared:
+    """`prepare_hybrid(family)` once per worker: the modules' fixtures that ask for one family share it."""
+    if family.name not in _PREPARED:
+        _PREPARED[family.name] = prepare_hybrid(family, tmp_path_factory.mktemp(family.name))
+    return _PREPARED[family.name]
+
+
 def prepare_hybrid(family: Family, base, variants=VARIANTS) -> Prepared:
     """`family`'s reference (Mamba2's grouped gated norm, no EOS), its checkpoint, recipe and
     captured `variants` (a hybrid core has no SCORED_PREFILL program)."""

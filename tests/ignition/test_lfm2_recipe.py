@@ -26,26 +26,17 @@ from helios.ignition.sharding import rank_architecture
 
 from . import test_equivalence as equivalence
 from .hf_checkpoints import LFM2, LFM2_MOE, assert_refused
-from .test_granitemoehybrid_recipe import assert_chunked_prompt_matches, prepare_hybrid
-
-
-_PREPARED: dict = {}
-
-
-def _prepared(family, tmp_path_factory):
-    if family.name not in _PREPARED:
-        _PREPARED[family.name] = prepare_hybrid(family, tmp_path_factory.mktemp(family.name))
-    return _PREPARED[family.name]
+from .test_granitemoehybrid_recipe import assert_chunked_prompt_matches, prepared_once
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    return _prepared(LFM2, tmp_path_factory)
+    return prepared_once(LFM2, tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=[LFM2, LFM2_MOE], ids=lambda family: family.name)
 def each(request, tmp_path_factory):
-    return _prepared(request.param, tmp_path_factory)
+    return prepared_once(request.param, tmp_path_factory)
 
 
 def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(each):
@@ -62,7 +53,7 @@ def test_the_experts_layout_and_the_choice_bias_matters(tmp_path_factory):
     without its choice bias (``use_expert_bias`` off) gives other logits."""
     import dataclasses
 
-    moe = _prepared(LFM2_MOE, tmp_path_factory)
+    moe = prepared_once(LFM2_MOE, tmp_path_factory)
     arch, weights = moe.recipe.architecture, dict(moe.recipe.weights)
     assert arch.moe.sparse_layers == (1, 2) and arch.moe.scoring == "sigmoid" and arch.moe.scale == 1.5
     assert arch.moe.correction_bias and arch.moe.normalize and arch.intermediate_size == 96

@@ -26,32 +26,22 @@ from helios.ignition.recipes.nemotron_h import paired_blocks
 
 from . import test_equivalence as equivalence
 from .hf_checkpoints import NEMOTRON_H, NEMOTRON_H_MOE, random_model, rewritten_checkpoint, write_checkpoint
-from .test_granitemoehybrid_recipe import assert_chunked_prompt_matches, prepare_hybrid
-
-
-_PREPARED: dict = {}
-
-
-def _prepared(family, tmp_path_factory):
-    """`family` prepared once per session (both fixtures may ask for the dense one)."""
-    if family.name not in _PREPARED:
-        _PREPARED[family.name] = prepare_hybrid(family, tmp_path_factory.mktemp(family.name))
-    return _PREPARED[family.name]
+from .test_granitemoehybrid_recipe import assert_chunked_prompt_matches, prepared_once
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    return _prepared(NEMOTRON_H, tmp_path_factory)
+    return prepared_once(NEMOTRON_H, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def with_experts(tmp_path_factory):
-    return _prepared(NEMOTRON_H_MOE, tmp_path_factory)
+    return prepared_once(NEMOTRON_H_MOE, tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=[NEMOTRON_H, NEMOTRON_H_MOE], ids=lambda family: family.name)
 def either(request, tmp_path_factory):
-    return _prepared(request.param, tmp_path_factory)
+    return prepared_once(request.param, tmp_path_factory)
 
 
 def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(either):

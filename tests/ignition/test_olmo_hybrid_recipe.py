@@ -25,30 +25,22 @@ from helios.ignition.recipes.olmo_hybrid import layer_kinds
 
 from . import test_equivalence as equivalence
 from .hf_checkpoints import OLMO_HYBRID, OLMO_HYBRID_NOPE, assert_refused
-from .test_granitemoehybrid_recipe import assert_chunked_prompt_matches, prepare_hybrid
-
-_PREPARED: dict = {}
-
-
-def _prepared(family, tmp_path_factory):
-    if family.name not in _PREPARED:
-        _PREPARED[family.name] = prepare_hybrid(family, tmp_path_factory.mktemp(family.name))
-    return _PREPARED[family.name]
+from .test_granitemoehybrid_recipe import assert_chunked_prompt_matches, prepared_once
 
 
 @pytest.fixture(scope="module")
 def rotary(tmp_path_factory):
-    return _prepared(OLMO_HYBRID, tmp_path_factory)
+    return prepared_once(OLMO_HYBRID, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def nope(tmp_path_factory):
-    return _prepared(OLMO_HYBRID_NOPE, tmp_path_factory)
+    return prepared_once(OLMO_HYBRID_NOPE, tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=[OLMO_HYBRID, OLMO_HYBRID_NOPE], ids=lambda family: family.name)
 def each(request, tmp_path_factory):
-    return _prepared(request.param, tmp_path_factory)
+    return prepared_once(request.param, tmp_path_factory)
 
 
 def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(each):
