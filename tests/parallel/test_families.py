@@ -54,6 +54,16 @@ FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAM
             + (SMOLLM3,) + GEMMA3_FAMILIES + (GLM4,) + OLMO_FAMILIES + (COHERE, STARCODER2, PHI2)
             + (QWEN2_MOE, OLMOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, ERNIE4_5_MOE) + (DEEPSEEK_V2,)
             + GEMMA_FAMILIES + (QWEN3_NEXT,))
+# Families whose cuts others in the list make too run on two ranks only with HELIOS_FAMILY_RANK_SWEEP=1 (for
+# the suite's time): Llama 2 (Llama 3's cut under another rope), Qwen2 (q/k/v biases by head rows, as Gemma 1's),
+# Qwen3 (per-head q/k norms, as Gemma 3's), Phi-4-mini (Phi-3's fused rows under partial rotary, as GLM-4's),
+# the capped Gemma 3 (the final soft cap on each rank's vocabulary rows, as Gemma 2's), OLMo 3 (OLMo 2's cut with
+# sliding layers), Gemma 1 (a head_dim other than hidden / heads, as Gemma 2's), Hunyuan MoE (norms after the
+# rotation beside a shared expert, each as another family's) and DeepSeek-V2 (DeepSeek-V3's latent cut).
+_FAMILY_SWEEP = {"llama2", "qwen2", "qwen3", "phi4-mini", "gemma3-capped", "olmo3", "gemma", "hunyuan_moe",
+                 "deepseek_v2"}
+if os.environ.get("HELIOS_FAMILY_RANK_SWEEP") != "1":
+    FAMILIES = tuple(family for family in FAMILIES if family.name not in _FAMILY_SWEEP)
 # Llama 4 (chunked and NoPE layers' heads, experts weighted on their whole inputs, the shared expert cut by width),
 # MiniMax-M2 (OLMoE's whole-projection q/k norms under partial rotary), DBRX (q/k/v clamped on each rank's rows) and
 # PhiMoE (SparseMixer routing, whole on each rank), K-EXAONE (dots.llm1's experts beside EXAONE 4's attention),
