@@ -9,6 +9,8 @@ counter-based draws), and history drafting on a copy-heavy prompt.
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import pytest
@@ -28,12 +30,19 @@ from ignition.hf_checkpoints import DEEPSEEK_V2, DOTS1, YOUTU
 from ignition.hf_checkpoints import GEMMA_FAMILIES
 from ignition.hf_checkpoints import DBRX, LLAMA4, MINIMAX_M2, PHIMOE
 from ignition.hf_checkpoints import APERTUS, GPT_NEOX
+from ignition.hf_checkpoints import AFMOE, CWM, EXAONE_MOE, FLEX_OLMO, GRANITE_MOE_SWA, GRANITE_SWA, JAIS2, JETMOE
+from ignition.hf_checkpoints import NANOCHAT, SOLAR_OPEN
 
 from .support import eager_model, eager_runtime, truncated
 
 PROMPTS = [[5, 9, 17, 3, 44, 2, 8], [1, 2, 3], list(range(10, 50))]  # the last is chunked (prefill 32)
 MAX_TOKENS = 24
 UNUSED = Path("draft-is-given-directly")
+# Session 58's dense and MoE families: AFMoE always (its output-gate rows follow the key/value rows the draft's
+# last layer writes: the draft once read them as keys), the others (per-layer rope bases and sinks, the embedding
+# norm, attention experts) only with HELIOS_SPECULATIVE_SWEEP=1, for the suite's time.
+NEWER = (AFMOE,) + ((CWM, EXAONE_MOE, FLEX_OLMO, GRANITE_MOE_SWA, GRANITE_SWA, JAIS2, JETMOE, NANOCHAT, SOLAR_OPEN)
+                    if os.environ.get("HELIOS_SPECULATIVE_SWEEP") == "1" else ())
 
 
 def plan(widths=(4,), allocate=False, per_lane=None, draft_tokens=None, context=128) -> CapacityPlan:
@@ -70,7 +79,7 @@ def run(recipe, draft, capacity_plan, speculative=True, startup=StartupOptions()
                          + LLAMA_SHAPED_FAMILIES + (GRANITE, HUNYUAN, GLM4) + OLMO_FAMILIES + (QWEN2_MOE,)
                          + OLMOE_FAMILIES + GRANITE_MOE_FAMILIES + (HUNYUAN_MOE, ERNIE4_5_MOE)
                          + (DEEPSEEK_V2, DOTS1, YOUTU) + GEMMA_FAMILIES + (LLAMA4, MINIMAX_M2, DBRX, PHIMOE)
-                         + (APERTUS, GPT_NEOX),
+                         + (APERTUS, GPT_NEOX) + NEWER,
                          ids=lambda f: f.name)
 def test_greedy_speculative_output_equals_ordinary_decoding(recipes, family):
     recipe = recipes(family)

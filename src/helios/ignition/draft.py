@@ -97,7 +97,8 @@ def write_keys(arch: Architecture, w, storage: DraftStorage, step: PackedStep) -
         latent_keys(arch, w, last, normed, shared)
         return
     bias = w.get(prefix + "qkv.bias")
-    kv = F.linear(normed, w[prefix + "qkv.weight"][arch.q_size:], None if bias is None else bias[arch.q_size:])
+    rows = slice(arch.q_size, arch.q_size + 2 * arch.kv_size)  # (not AFMoE's output-gate rows after them)
+    kv = F.linear(normed, w[prefix + "qkv.weight"][rows], None if bias is None else bias[rows])
     if arch.qkv_clip:  # DBRX: elementwise, so clamping the k/v rows alone is the decoder's clamp
         kv = kv.clamp(-arch.qkv_clip, arch.qkv_clip)
     if arch.qk_norm_whole:  # OLMo 2: the whole key projection normed before the heads are split
