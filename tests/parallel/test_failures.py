@@ -29,7 +29,9 @@ from .conftest import FAST, MAX_TOKENS, PROMPTS, running
 from .test_generate_cli import free_port
 
 HANG_GUARD_S = 120  # a broken model must answer long before this; reaching it means a hang
-PROCESSES = replace(FAST, peers=PeerKind.PROCESSES, collective_timeout_s=3.0)
+# A 10 s timeout: a stopped rank is found after it, and at 3 s a loaded 2-core CI machine once held
+# rank zero's first step past it, so the group broke before the first token.
+PROCESSES = replace(FAST, peers=PeerKind.PROCESSES, collective_timeout_s=10.0)
 
 
 class Requests:
@@ -54,6 +56,11 @@ class Requests:
             self.finished[event.request_id] = event
             if len(self.finished) == self._count:
                 self.all_done.set()
+                self.first_token.set()  # a waiter for the first token need not wait out its guard
+
+    def messages(self) -> list[str]:
+        with self._lock:
+            return [event.message for event in self.finished.values()]
 
     def unfinished(self) -> set[str]:
         with self._lock:
@@ -68,6 +75,7 @@ def lose_a_rank_mid_generation(runtime, how: int) -> None:
     requests = Requests(engine, 3)
     assert requests.first_token.wait(HANG_GUARD_S)
     in_flight = requests.unfinished()
+    assert in_flight, f"every request finished before the rank was lost: {requests.messages()}"
     (pid,) = runtime.peers.local_pids
     os.kill(pid, how)
     try:
@@ -75,7 +83,6 @@ def lose_a_rank_mid_generation(runtime, how: int) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):  # already reaped when the model failed
             os.kill(pid, signal.SIGKILL)  # a stopped rank would otherwise outlive the test
-    assert in_flight, "every request finished before the rank was lost"
     assert {requests.finished[r].reason for r in in_flight} == {FinishReason.ERROR}
     assert not engine.is_healthy
 
