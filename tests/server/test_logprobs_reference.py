@@ -27,6 +27,7 @@ from helios.core.reader import open_core
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.service import ServedModel
 from support.server_core import NAMESPACE, SERVED_ID, openai_client
+from support.sweeps import swept
 
 TOLERANCE = 1e-4
 PREFILL_TOKENS = 16
@@ -44,7 +45,12 @@ def _family(name: str):
 
 
 SPECIAL_IDS = set(range(6))  # support.chat_checkpoint's special tokens: 0-5
-SCORED = ("dense", "moe", "latent", "sinks", "window")  # a hybrid core has no scored-prefill program
+# HELIOS_LOGPROBS_FAMILY_SWEEP=1 adds MoE, DeepSeek latent attention and Mistral's sliding window. By
+# default the dense core covers the reporting path they share, gpt-oss (sinks) a windowed core, the
+# hybrid a core without scored prefill; tests/ignition/test_equivalence checks each family's logits
+# and scored log-probabilities against transformers.
+SWEPT = ("moe", "latent", "window") if swept("HELIOS_LOGPROBS_FAMILY_SWEEP") else ()
+SCORED = ("dense", "sinks", *SWEPT)  # a hybrid core has no scored-prefill program
 ALL = SCORED + ("hybrid",)
 
 
