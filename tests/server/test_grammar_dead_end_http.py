@@ -16,7 +16,6 @@ import re
 import httpx
 import pytest
 
-from helios.server.app import create_app
 from support.server_core import assert_serving, chat_body, post_chats
 
 DEEP_DEAD_END = {"type": "grammar", "grammar": "start: /[b-z]{12}/ /[^\\s\\S]/"}
@@ -70,22 +69,8 @@ def test_a_dead_end_leaves_the_requests_beside_it_untouched(app, served):
     assert_serving(app, served)
 
 
-def test_a_dead_end_in_an_engine_process_ends_the_same_way(tmp_path):
-    """The engine in its own process compiles the grammar again from its source; the dead end and
-    its finish cross the process boundary as in-thread."""
-    from support.engine_served import start_served
-    from support.server_core import tiny_core
-
-    served = start_served(tiny_core(tmp_path), queue_capacity=4, frontend_workers=1)
-    try:
-        app = create_app(served)
-        response = post(app, chat_body(max_tokens=60, temperature=0, response_format=DEEP_DEAD_END))
-        assert response.status_code == 200, response.text
-        choice = response.json()["choices"][0]
-        assert choice["finish_reason"] == "grammar_dead_end" and re.fullmatch("[b-z]{12}", choice["message"]["content"])
-        assert_serving(app, served)
-    finally:
-        served.shutdown()
+# In an engine process: test_grammar_limit_http's test_a_limit_and_a_dead_end_in_an_engine_process_end_the_same_way
+# (one engine process for the limits and this dead end).
 
 
 def test_a_grammar_with_a_dead_branch_is_served_and_either_branch_ends_cleanly(app, served):

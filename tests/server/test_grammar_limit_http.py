@@ -212,21 +212,28 @@ def test_a_limit_before_any_output_is_an_error_that_names_it(app, served, monkey
     assert_serving(app, served)
 
 
-def test_a_limit_in_an_engine_process_ends_the_same_way(tmp_path):
-    """The engine in its own process compiles the grammar again from its source; the limit and its
-    finish cross the process boundary as in-thread."""
+def test_a_limit_and_a_dead_end_in_an_engine_process_end_the_same_way(tmp_path_factory):
+    """The engine in its own process compiles the grammar again from its source; each limit, a dead
+    end (test_grammar_dead_end_http's) beside them, and their finishes cross the process boundary as
+    in-thread. One engine process serves all three requests."""
     from support.engine_served import start_served
     from support.server_core import tiny_core
 
-    served = start_served(tiny_core(tmp_path), queue_capacity=4, frontend_workers=1)
+    from server.test_grammar_dead_end_http import DEEP_DEAD_END
+
+    served = start_served(tiny_core(tmp_path_factory.getbasetemp()), queue_capacity=4, frontend_workers=1)
     try:
         app = create_app(served)
-        responses = post_chats(app, *(chat_body(max_tokens=120, temperature=0, response_format=grammar)
-                                      for grammar, _ in GRAMMARS.values()))
-        for response, (_, letters) in zip(responses, GRAMMARS.values()):
+        *responses, dead_end = post_chats(app, *(chat_body(max_tokens=120, temperature=0, response_format=grammar)
+                                                 for grammar, _ in GRAMMARS.values()),
+                                          chat_body(max_tokens=60, temperature=0, response_format=DEEP_DEAD_END))
+        for response, (_, letters) in zip(responses, GRAMMARS.values(), strict=True):
             assert response.status_code == 200, response.text
             choice = response.json()["choices"][0]
             assert choice["finish_reason"] == "grammar_limit" and re.fullmatch(letters, choice["message"]["content"])
+        assert dead_end.status_code == 200, dead_end.text
+        choice = dead_end.json()["choices"][0]
+        assert choice["finish_reason"] == "grammar_dead_end" and re.fullmatch("[b-z]{12}", choice["message"]["content"])
         assert_serving(app, served)
     finally:
         served.shutdown()
