@@ -53,6 +53,7 @@ from ignition.hf_checkpoints import Family
 from ignition.test_config_fuzz import DRAWS, Variant, _materialize
 from ignition.test_config_fuzz_served import write_frontend_files
 from ignition.test_equivalence import TOLERANCE
+from support.sweeps import in_sweep
 
 from .conftest import FAST
 
@@ -273,23 +274,26 @@ def check_ranks(variant: Variant, ranks: int, root: Path, mixed: bool = False) -
 # ---------------------------------------------------------------------------------------------------
 # The suite's seeds (each variant's cut noted), or a sweep of HELIOS_RANK_FUZZ_SEEDS seeds per family.
 
-SEEDS = (  # (draw, seed, ranks): one of each kind of cut, every family the rank fuzz alone runs on ranks
+SEEDS = (  # (draw, seed, ranks): one of each kind of cut
     ("deepseek", 7, 2),   # latent attention, 6 heads (3 a rank), 4 routed experts, vocab 255, MIXED programs
-    ("bamba", 7, 2),      # Bamba: 2 mixer groups split over the ranks, vocab 255, MIXED programs
     ("dense", 17, 2),     # refused: one key/value head for 2 ranks (fewer than the ranks)
     ("bamba", 2, 2),      # refused: 3 mixer groups and an MLP width of 9 for 2 ranks
     ("phi3", 6, 4),       # refused: an MLP width of 29 for 4 ranks
-    ("llama_shaped", 7, 2),  # Ernie 4.5: de-interleaved q/k rows with their biases, llama3 rope, MIXED programs
     ("gemma3", 8, 4),     # Gemma 3: 12 heads on 4 ranks (3 each), window 5, q/k/v/o biases, untied, vocab 97
-    ("cohere", 7, 2),     # Cohere2: the parallel block with q/k/v/o biases (the partials summed once, the biases
-                          # added after), the legacy sliding_window_pattern, tied, 4 heads on 2 ranks, MIXED programs
     ("olmoe", 0, 4),      # OLMoE: whole-projection q/k norms over 4 ranks (3 heads, 1 key/value head each), top-3
                           # of 8 experts of width 48 (12 a rank), q/k/v/o biases, the legacy rope layout
 )
-# With HELIOS_RANK_FUZZ_SWEEP=1 besides (about 130 s of CPU on a 2-core machine): cuts of families that
+# With HELIOS_RANK_FUZZ_SWEEP=1 besides (about 160 s of CPU on a 2-core machine): cuts of families that
 # tests/parallel/test_families.py runs on two ranks, and 4-rank cuts of mechanisms the seeds above cut on 4 ranks
-# (split heads with their window, whole-projection q/k norms, experts by width).
+# (split heads with their window, whole-projection q/k norms, experts by width). The first three were in the suite's
+# seeds: Bamba's groups split over two ranks as test_families' hybrid snapshot test splits them, Ernie 4.5's rows as
+# test_families' Ernie 4.5 MoE's, Cohere2's parallel block as test_families' Cohere's (its biases added after the
+# all-reduce as Phi-2's); MIXED programs on ranks, log-probabilities and prompt scores in the DeepSeek seed above.
 SWEEP_SEEDS = (
+    ("bamba", 7, 2),      # Bamba: 2 mixer groups split over the ranks, vocab 255, MIXED programs
+    ("llama_shaped", 7, 2),  # Ernie 4.5: de-interleaved q/k rows with their biases, llama3 rope, MIXED programs
+    ("cohere", 7, 2),     # Cohere2: the parallel block with q/k/v/o biases (the partials summed once, the biases
+                          # added after), the legacy sliding_window_pattern, tied, 4 heads on 2 ranks, MIXED programs
     ("gpt_oss", 18, 4),   # 12 query heads on 4 ranks (3 each, with their sinks), window 6, vocab 255, 8 experts
     ("moe", 6, 2),        # GLM-4 MoE: 6 heads, 2 routed experts of width 10 (5 a rank), 2 shared, vocab 131
     ("phi3", 9, 2),       # Phi-3 LongRoPE, 6 heads (3 a rank), untied, vocab 131
@@ -310,7 +314,7 @@ SWEEP_SEEDS = (
 def _cases() -> list[tuple[str, int, int]]:
     sweep = os.environ.get("HELIOS_RANK_FUZZ_SEEDS", "")  # "N": seeds 0..N-1; "A:B": seeds A..B-1
     if not sweep:
-        return list(SEEDS) + (list(SWEEP_SEEDS) if os.environ.get("HELIOS_RANK_FUZZ_SWEEP") == "1" else [])
+        return list(in_sweep("HELIOS_RANK_FUZZ_SWEEP", SEEDS, SWEEP_SEEDS))
     seeds = range(*(int(n) for n in sweep.split(":"))) if ":" in sweep else range(int(sweep))
     return [(kind, seed, ranks) for kind in DRAWS for seed in seeds for ranks in ranks_for(seed)]
 

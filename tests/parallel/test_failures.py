@@ -24,6 +24,7 @@ from helios.runtime.parallel.rank_rendezvous import MissingRankError, RankJoinEr
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import LLAMA3, QWEN3
+from support.sweeps import swept
 
 from .conftest import FAST, MAX_TOKENS, PROMPTS, running
 from .test_generate_cli import free_port
@@ -99,16 +100,20 @@ def test_a_lost_rank_ends_requests_in_flight_with_errors(cores, how):
         assert "tensor-parallel model failed" in late.finished["r0"].message
 
 
-def test_an_idle_group_outlives_its_collective_timeout(cores):
-    """Peers wait for rank zero's next message under the collective timeout; keepalive exchanges
-    while the engine idles keep the group (and its health) alive for as long as it idles. (A 2 s timeout:
-    the generation after the idle spell runs under it too, and at 1 s a loaded 2-core CI machine once
-    starved a rank's step past it.)"""
-    with running(cores.open(cores.core(QWEN3, 2)), replace(FAST, collective_timeout_s=2.0)) as runtime:
-        time.sleep(5.0)  # two and a half collective timeouts without a plan
-        assert runtime.engine.is_healthy
-        results = generate(runtime.engine, PROMPTS, MAX_TOKENS)
-    assert [list(r.token_ids) for r in results] == cores.reference_tokens(QWEN3)
+# Only with HELIOS_RANK_FAILURE_SWEEP=1 (defined only then, for the suite's time): test_stress_ranks'
+# test_an_idle_group_outlives_its_collective_timeout_when_keepalives_are_rarer_than_polls idles a group past its
+# collective timeout and generates after it, on the same keepalives.
+if swept("HELIOS_RANK_FAILURE_SWEEP"):
+    def test_an_idle_group_outlives_its_collective_timeout(cores):
+        """Peers wait for rank zero's next message under the collective timeout; keepalive exchanges
+        while the engine idles keep the group (and its health) alive for as long as it idles. (A 2 s timeout:
+        the generation after the idle spell runs under it too, and at 1 s a loaded 2-core CI machine once
+        starved a rank's step past it.)"""
+        with running(cores.open(cores.core(QWEN3, 2)), replace(FAST, collective_timeout_s=2.0)) as runtime:
+            time.sleep(5.0)  # two and a half collective timeouts without a plan
+            assert runtime.engine.is_healthy
+            results = generate(runtime.engine, PROMPTS, MAX_TOKENS)
+        assert [list(r.token_ids) for r in results] == cores.reference_tokens(QWEN3)
 
 
 def test_a_rank_that_never_joins_fails_startup(cores):
