@@ -21,7 +21,7 @@ import helios.runtime.loading.programs as program_loading
 import helios.runtime.service as service
 from helios.abi.sampling import NEUTRAL_SAMPLING_PARAMETERS, SampleVariant, split_sampling_parameters
 from helios.abi.sampling_rows import greedy_rows, greedy_rows_biased
-from helios.core.keys import SigningKey
+from helios.core.keys import SigningKey, load_signing_key, write_key_pair
 from helios.core.reader import open_core
 from helios.ignition.tensor_parallel import with_logit_bias
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
@@ -37,6 +37,7 @@ from helios.runtime.records.sampling_params import GREEDY, SamplingParams
 from helios.runtime.service import build_runtime
 from ignition.hf_checkpoints import LLAMA3
 from support.chat_checkpoint import VOCAB_SIZE, write_chat_checkpoint
+from support.shared_prepare import prepared_once, shared_root
 
 NAMESPACE = "test.helios/greedy-rows"
 _CHOOSER = random.Random(3)
@@ -65,13 +66,22 @@ class _Replayed(CapturedProgram):
 def core_path(tmp_path_factory, request):
     """A float32 core (the greedy graph adds the bias to the float32 logits in place) and a bfloat16
     one (it samples the head's product: `greedy_rows_biased`)."""
-    root = tmp_path_factory.mktemp("greedy-rows")
-    key = SigningKey.generate()
-    checkpoint = write_chat_checkpoint(LLAMA3, root / "checkpoint", seed=9)
-    plan = CapacityPlan(context_tokens=128, prefill_tokens=16, decode_batches=(1, 8))
+    # prepared once per test run (test_step_calls serves the same cores; xdist workers share them)
+    root = shared_root(tmp_path_factory.getbasetemp()) / f"greedy-rows-{request.param}"
     path = root / "model.core"
-    prepare_core(checkpoint, path, key, PrepareOptions(NAMESPACE, capacities=plan, dtype=request.param))
-    return path, key
+
+    def prepare() -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        key = SigningKey.generate()
+        write_key_pair(root / "publisher.key", key, [NAMESPACE])
+        checkpoint = write_chat_checkpoint(LLAMA3, root / "checkpoint", seed=9)
+        plan = CapacityPlan(context_tokens=128, prefill_tokens=16, decode_batches=(1, 8))
+        scratch = root / "model.core.partial"
+        prepare_core(checkpoint, scratch, key, PrepareOptions(NAMESPACE, capacities=plan, dtype=request.param))
+        scratch.rename(path)
+
+    prepared_once(root, path, prepare)
+    return path, load_signing_key(root / "publisher.key")
 
 
 def _runtime(core_path):

@@ -10,19 +10,18 @@ Falcon-H1 runs in the suite: each layer holds attention pages and mixer state ro
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import transformers
 
 from helios.runtime.offline import generate
 from ignition.hf_checkpoints import FALCON_H1, GRANITE_HYBRID_DENSE, NEMOTRON_H, NEMOTRON_H_MOE
 from support.bamba_reference import grouped_gated_norm
+from support.sweeps import swept
 
 from .test_hybrid_runtime import NAMESPACE, PROMPTS, STEPS, prepare_signed, reference_tokens, runtime_of
 
 FAMILIES = [FALCON_H1] + ([GRANITE_HYBRID_DENSE, NEMOTRON_H, NEMOTRON_H_MOE]
-                          if os.environ.get("HELIOS_HYBRID_SERVED_ALL") == "1" else [])
+                          if swept("HELIOS_HYBRID_SERVED_ALL") else [])  # Falcon-H1 takes the path by default
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda family: family.name)

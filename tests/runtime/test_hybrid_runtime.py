@@ -6,7 +6,7 @@ with state offload to host slots and restore gives the same tokens."""
 from __future__ import annotations
 
 import functools
-import tempfile
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import BAMBA
 from support.bamba_reference import grouped_gated_norm
 from support.chat_checkpoint import write_chat_checkpoint
+from support.shared_prepare import prepared_once, shared_root
 
 NAMESPACE = "test.helios/hybrid"
 STEPS = 32
@@ -41,10 +42,17 @@ def hybrid(tmp_path_factory):
 
 @functools.cache
 def prepared_hybrid(base: Path):
-    # A directory of its own per try: a failed first try (cached by nothing) leaves its files, and a
-    # fixed name would then fail every later module with FileExistsError instead of the first error.
-    root = Path(tempfile.mkdtemp(prefix="hybrid-runtime-", dir=base))
-    checkpoint = prepare_signed(BAMBA, root, NAMESPACE)
+    # Prepared once per test run (`prepared_once`: the xdist workers share it). A failed try leaves
+    # its files: the next one starts from an empty directory (write_key_pair never overwrites).
+    root = shared_root(base) / "hybrid-runtime"
+
+    def prepare() -> None:
+        shutil.rmtree(root, ignore_errors=True)
+        prepare_signed(BAMBA, root, NAMESPACE)
+        (root / ".prepared").write_text("ok")
+
+    prepared_once(root, root / ".prepared", prepare)
+    checkpoint = root / "checkpoint"
     reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).float().eval()
     grouped_gated_norm(reference)  # Mamba2's grouped norm on transformers releases without it (the GPU machine's)
     reference.generation_config.eos_token_id = None

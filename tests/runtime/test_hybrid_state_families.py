@@ -11,8 +11,6 @@ blocks)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import transformers
 
@@ -20,6 +18,7 @@ from helios.runtime.offline import generate
 from helios.runtime.records.plan import StorageKind
 from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from ignition.hf_checkpoints import KIMI_LINEAR, LFM2, OLMO_HYBRID
+from support.sweeps import swept
 
 from .test_hybrid_runtime import NAMESPACE, PROMPTS, STEPS, prepare_signed, reference_tokens, runtime_of
 
@@ -28,7 +27,7 @@ FAMILIES = [KIMI_LINEAR, LFM2, OLMO_HYBRID]
 
 
 # Defined only with the variable set: the suite collects nothing here (no skipped parameter set).
-if os.environ.get("HELIOS_HYBRID_SERVED_ALL") == "1":
+if swept("HELIOS_HYBRID_SERVED_ALL"):  # by default: test_hybrid_runtime (Bamba), test_hybrid_families_served
     @pytest.fixture(scope="module", params=FAMILIES, ids=lambda family: family.name)
     def served(request, tmp_path_factory):
         """(core directory, transformers reference) of the family's signed core."""
