@@ -5,13 +5,11 @@ runtime API (ranks as threads of this process: the same code path as processes, 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from helios.runtime.offline import generate
 from ignition.hf_checkpoints import (BAMBA, BAMBA_ONE_GROUP, DEEPSEEK, DENSE_FAMILIES, GEMMA3_FAMILIES, GLM4_MOE,
-                                     GPT_OSS, PHI3_FAMILIES, QWEN3_MOE, SMOLLM3)
+                                     GPT_OSS, LLAMA3, PHI3_FAMILIES, QWEN3_MOE, SMOLLM3)
 from ignition.hf_checkpoints import COHERE, GLM4, OLMO_FAMILIES, PHI2, STARCODER2
 from ignition.hf_checkpoints import ERNIE4_5_MOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, OLMOE, QWEN2_MOE
 from ignition.hf_checkpoints import DEEPSEEK_V2
@@ -26,6 +24,7 @@ from ignition.hf_checkpoints import APERTUS, ARCEE, EXAONE4, GPT_NEOX, NEMOTRON,
 from ignition.hf_checkpoints import FALCON_H1, GRANITE_HYBRID, NEMOTRON_H, NEMOTRON_H_MOE
 from ignition.hf_checkpoints import LFM2, LFM2_MOE
 from ignition.hf_checkpoints import OLMO_HYBRID
+from support.sweeps import swept
 
 # Mixtral's experts are cut by the same code as Qwen3-MoE's (tests/parallel/test_moe_sharding.py covers
 # the cut itself); GLM-4.5 adds shared experts, dense first layers and partial rotary; gpt-oss attention
@@ -44,7 +43,7 @@ from ignition.hf_checkpoints import OLMO_HYBRID
 # softmax routing (whole on each rank) and de-interleaved q/k rows.
 # DeepSeek-V2: softmax routing over expert groups scored by their best expert (the router whole on each rank).
 # Cohere: the parallel block (the attention and MLP partials summed by one all-reduce before the LayerNorm),
-# each rank's heads' rows of the per-head q/k LayerNorms (Cohere2 runs on two ranks in the rank fuzz); StarCoder2
+# each rank's heads' rows of the per-head q/k LayerNorms (Cohere2 on two ranks in the rank fuzz's sweep); StarCoder2
 # LayerNorms with biases (replicated) and the non-gated MLP (its up rows and biases cut by the MLP width); Phi-2
 # the parallel block with biases (added once after the one all-reduce) and the lm_head bias cut by vocabulary rows.
 # Gemma / Gemma 2: Gemma 1's head_dim other than hidden / heads; Gemma 2's attention soft cap on each rank's heads.
@@ -55,14 +54,19 @@ FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAM
             + (QWEN2_MOE, OLMOE, GRANITE_MOE_SHARED, HUNYUAN_MOE, ERNIE4_5_MOE) + (DEEPSEEK_V2,)
             + GEMMA_FAMILIES + (QWEN3_NEXT,))
 # Families whose cuts others in the list make too run on two ranks only with HELIOS_FAMILY_RANK_SWEEP=1 (for
-# the suite's time): Llama 2 (Llama 3's cut under another rope), Qwen2 (q/k/v biases by head rows, as Gemma 1's),
-# Qwen3 (per-head q/k norms, as Gemma 3's), Phi-4-mini (Phi-3's fused rows under partial rotary, as GLM-4's),
-# the capped Gemma 3 (the final soft cap on each rank's vocabulary rows, as Gemma 2's), OLMo 3 (OLMo 2's cut with
-# sliding layers), Gemma 1 (a head_dim other than hidden / heads, as Gemma 2's), Hunyuan MoE (norms after the
-# rotation beside a shared expert, each as another family's) and DeepSeek-V2 (DeepSeek-V3's latent cut).
-_FAMILY_SWEEP = {"llama2", "qwen2", "qwen3", "phi4-mini", "gemma3-capped", "olmo3", "gemma", "hunyuan_moe",
-                 "deepseek_v2"}
-if os.environ.get("HELIOS_FAMILY_RANK_SWEEP") != "1":
+# the suite's time): Llama 2 and Mistral (Llama 3's cut under another rope, or with windows as gpt-oss's), Qwen2 (q/k/v
+# biases by head rows, as Gemma 1's and Phi-2's), Qwen3 (per-head q/k norms, as Gemma 3's), Phi-4-mini (Phi-3's fused
+# rows under partial rotary, as GLM-4's), the capped Gemma 3 (the final soft cap on each rank's vocabulary rows, as
+# Gemma 2's), OLMo 2 and OLMo 3 (whole-projection q/k norms, as OLMoE's, in blocks normed after their summed outputs,
+# as Gemma 2's and 3's), Gemma 1 (a head_dim other than hidden / heads, as Gemma 2's), Hunyuan MoE (norms after the
+# rotation beside a shared expert, each as another family's), DeepSeek-V2 (DeepSeek-V3's latent cut), GLM-4.5
+# (DeepSeek-V3's grouped experts, shared expert and dense first layers beside GLM-4's partial rotary), StarCoder2
+# (Phi-2's biased LayerNorms and non-gated MLP with biases), Qwen2-MoE (Qwen3-Next's gated shared expert) and Bamba
+# (test_hybrid_ranks_hold_their_share_of_the_state_and_restore_snapshots serves it on two ranks against one; its
+# single-group sibling runs here).
+_FAMILY_SWEEP = {"llama2", "mistral", "qwen2", "qwen3", "phi4-mini", "gemma3-capped", "olmo2", "olmo3", "gemma",
+                 "hunyuan_moe", "deepseek_v2", "glm4_moe", "starcoder2", "qwen2_moe", "bamba"}
+if not swept("HELIOS_FAMILY_RANK_SWEEP"):
     FAMILIES = tuple(family for family in FAMILIES if family.name not in _FAMILY_SWEEP)
 # Llama 4 (chunked and NoPE layers' heads, experts weighted on their whole inputs, the shared expert cut by width),
 # MiniMax-M2 (OLMoE's whole-projection q/k norms under partial rotary), DBRX (q/k/v clamped on each rank's rows) and
@@ -72,26 +76,26 @@ if os.environ.get("HELIOS_FAMILY_RANK_SWEEP") != "1":
 # query head, as gpt-oss's; Granite SWA is dense but sweeps here with its MoE sibling), JetMoE (whole key/value
 # groups of expert heads on each rank, the attention router whole):
 # shapes the families above already cut, so only with HELIOS_MOE_RANK_SWEEP=1 (about 25 s each).
-if os.environ.get("HELIOS_MOE_RANK_SWEEP") == "1":
+if swept("HELIOS_MOE_RANK_SWEEP"):
     FAMILIES += (LLAMA4, MINIMAX_M2, DBRX, PHIMOE, EXAONE_MOE, SOLAR_OPEN, AFMOE, FLEX_OLMO,
                  GRANITE_SWA, GRANITE_MOE_SWA, JETMOE)
 # EXAONE 4, Apertus, Arcee, Nemotron, StableLM and GPT-NeoX cut into shapes the families above cover (per-head q/k
 # norms, the non-gated MLP's rows, replicated LayerNorms and xIELU scalars, the parallel block with biases; GPT-NeoX's
 # MLP norm is whole on each rank like its input), CWM and Jais 2 (Ministral's windows, StarCoder2's LayerNorms and
 # Nemotron's MLP), nanochat (its embedding norm whole on each rank like the embeddings): two ranks only with HELIOS_DENSE_RANK_SWEEP=1.
-if os.environ.get("HELIOS_DENSE_RANK_SWEEP") == "1":
+if swept("HELIOS_DENSE_RANK_SWEEP"):
     FAMILIES += (EXAONE4, APERTUS, ARCEE, NEMOTRON, STABLELM, GPT_NEOX, CWM, JAIS2, NANOCHAT)
 # The Mamba2 hybrids after Bamba (split as Bamba's mixers are): Granite 4.0's experts, Nemotron-H's layers
 # without an MLP and non-gated relu2 experts, Falcon-H1's attention and mixer in one layer; LFM2's short
 # convolutions split by channels (their B/C/x rows, taps and windows; out's columns, its bias added once), beside
 # LFM2-MoE's experts; OLMo Hybrid's Gated DeltaNet layers split as Qwen3-Next's, its whole-projection q/k norms'
 # squares summed over the ranks.
-if os.environ.get("HELIOS_HYBRID_RANK_SWEEP") == "1":
+if swept("HELIOS_HYBRID_RANK_SWEEP"):
     FAMILIES += (GRANITE_HYBRID, NEMOTRON_H, NEMOTRON_H_MOE, FALCON_H1, LFM2, LFM2_MOE, OLMO_HYBRID)
 
 # DeepSeek-V3.2 and GLM-5: latent heads split as DeepSeek-V3's, the token indexer whole on each rank (every rank
 # selects alike and keeps the whole index plane): only with HELIOS_DSA_RANK_SWEEP=1 (about 25 s each).
-if os.environ.get("HELIOS_DSA_RANK_SWEEP") == "1":
+if swept("HELIOS_DSA_RANK_SWEEP"):
     from ignition.test_deepseek_v32_recipe import DEEPSEEK_V32, GLM5
 
     FAMILIES += (DEEPSEEK_V32, GLM5)
@@ -113,7 +117,7 @@ def test_two_ranks_with_weights_in_parts_generate_what_one_rank_generates(cores,
 
     from .conftest import NAMESPACE
 
-    family = DENSE_FAMILIES[0]
+    family = LLAMA3  # its checkpoint and reference tokens serve the family test too
     monkeypatch.setattr(sharding, "WEIGHT_PART_NBYTES", 32 * 1024)
     path = tmp_path / "parts-tp2.core"
     assert main(["prepare", str(cores.checkpoint(family)), "-o", str(path), "--key", str(cores.key),

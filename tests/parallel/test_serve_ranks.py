@@ -9,7 +9,7 @@ import signal
 
 import httpx
 
-from ignition.hf_checkpoints import DENSE_FAMILIES
+from ignition.hf_checkpoints import LLAMA3
 from support.server_core import ServerProcess, TinyCore
 
 from .conftest import MAX_TOKENS, NAMESPACE, PROMPTS
@@ -28,7 +28,7 @@ def _stream_ids(url: str, model: str, prompt: list[int]) -> list[int]:
 
 
 def test_a_two_rank_core_serves_the_one_rank_tokens_through_the_engine_process(cores, tmp_path):
-    family = DENSE_FAMILIES[0]
+    family = LLAMA3  # its two-rank core and reference tokens serve test_families and test_rank_frames too
     expected = cores.reference_tokens(family)
     core = TinyCore(cores.core(family, 2), cores.trust, NAMESPACE)
     process = ServerProcess(core, "--collective-timeout", "20", log=tmp_path / "server.log")
