@@ -56,16 +56,20 @@ FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAM
 # Families whose cuts others in the list make too run on two ranks only with HELIOS_FAMILY_RANK_SWEEP=1 (for
 # the suite's time): Llama 2 and Mistral (Llama 3's cut under another rope, or with windows as gpt-oss's), Qwen2 (q/k/v
 # biases by head rows, as Gemma 1's and Phi-2's), Qwen3 (per-head q/k norms, as Gemma 3's), Phi-4-mini (Phi-3's fused
-# rows under partial rotary, as GLM-4's), the capped Gemma 3 (the final soft cap on each rank's vocabulary rows, as
+# rows under partial rotary, as Phi-2's), GLM-4 (partial rotary on each rank's heads as Phi-2's, under sandwich norms
+# as Gemma 2's and 3's), SmolLM3 (NoPE layers: Llama 3's cut, each rank's heads left unrotated), Granite MoE Shared
+# (Qwen3-MoE's experts by width, a shared expert by width as DeepSeek-V3's, its multipliers folded into the weights
+# before the cut), the capped Gemma 3 (the final soft cap on each rank's vocabulary rows, as
 # Gemma 2's), OLMo 2 and OLMo 3 (whole-projection q/k norms, as OLMoE's, in blocks normed after their summed outputs,
 # as Gemma 2's and 3's), Gemma 1 (a head_dim other than hidden / heads, as Gemma 2's), Hunyuan MoE (norms after the
 # rotation beside a shared expert, each as another family's), DeepSeek-V2 (DeepSeek-V3's latent cut), GLM-4.5
-# (DeepSeek-V3's grouped experts, shared expert and dense first layers beside GLM-4's partial rotary), StarCoder2
+# (DeepSeek-V3's grouped experts, shared expert and dense first layers beside partial rotary as Phi-2's), StarCoder2
 # (Phi-2's biased LayerNorms and non-gated MLP with biases), Qwen2-MoE (Qwen3-Next's gated shared expert) and Bamba
 # (test_hybrid_ranks_hold_their_share_of_the_state_and_restore_snapshots serves it on two ranks against one; its
 # single-group sibling runs here).
-_FAMILY_SWEEP = {"llama2", "mistral", "qwen2", "qwen3", "phi4-mini", "gemma3-capped", "olmo2", "olmo3", "gemma",
-                 "hunyuan_moe", "deepseek_v2", "glm4_moe", "starcoder2", "qwen2_moe", "bamba"}
+_FAMILY_SWEEP = {"llama2", "mistral", "qwen2", "qwen3", "phi4-mini", "glm4", "smollm3", "granite_moe_shared",
+                 "gemma3-capped", "olmo2", "olmo3", "gemma", "hunyuan_moe", "deepseek_v2", "glm4_moe", "starcoder2",
+                 "qwen2_moe", "bamba"}
 if not swept("HELIOS_FAMILY_RANK_SWEEP"):
     FAMILIES = tuple(family for family in FAMILIES if family.name not in _FAMILY_SWEEP)
 # Llama 4 (chunked and NoPE layers' heads, experts weighted on their whole inputs, the shared expert cut by width),
