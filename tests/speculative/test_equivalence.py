@@ -1,11 +1,11 @@
 """Speculative generation through the runtime gives exactly the target's output.
 
 For every recipe family at width 4 (widths 1, 2 and 4 for `ALL_WIDTHS` families; with
-HELIOS_SPECULATIVE_SWEEP=1, every width and the `_SIBLINGS` families too), with the target itself and a truncated copy as the draft: greedy tokens
-equal ordinary decoding token for token (chunked prompts interleave MIXED rounds with speculative
-ones). Also: device prefix allocation under a packed capacity below the lanes' ceilings, sampled
-lanes with a draft equal to the target (identical samples, by the shared counter-based draws), and
-history drafting on a copy-heavy prompt.
+HELIOS_SPECULATIVE_SWEEP=1, every width and the `_SIBLINGS` families too), with the target itself and a
+truncated copy as the draft: greedy tokens equal ordinary decoding token for token (chunked prompts
+interleave MIXED rounds with speculative ones). Also: device prefix allocation under a packed capacity
+below the lanes' ceilings, sampled lanes with a draft equal to the target (identical samples, by the
+shared counter-based draws), and history drafting on a copy-heavy prompt.
 """
 
 from __future__ import annotations
