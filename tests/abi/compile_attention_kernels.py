@@ -11,7 +11,8 @@ Exits 0 when every kernel compiles; prints each kernel's shared memory use.
 
 from __future__ import annotations
 
-import os
+import sys
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -21,20 +22,29 @@ from helios.abi import triton_attention as kernels
 from helios.abi import triton_decode as decode
 from helios.abi import triton_prefill as prefill
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, when run as a script
+from support.sweeps import swept  # noqa: E402
+
 TARGET = GPUTarget("cuda", 90, 32)
 UNIT_STRIDES = {"stride_qd", "stride_od", "stride_kd", "stride_vd", "stride_ktd", "stride_vtd"}
-SWEEP = os.environ.get("HELIOS_COMPILE_SWEEP") == "1"
+SWEEP = swept("HELIOS_COMPILE_SWEEP")
 # The benchmark's swept decode configurations: (BLOCK_N, warps, stages, PREFETCH, BLOCK_KV, SPECULATE)
 DECODE_SWEEP = ((32, 4, 3, 2, 1, False), (128, 8, 2, 0, 1, False), (128, 4, 4, 1, 1, False), (64, 4, 2, 2, 1, True),
                 (8, 4, 3, 1, 8, False), (16, 8, 2, 2, 8, False), (32, 4, 2, 1, 2, False), (64, 4, 2, 1, 2, True),
                 (16, 2, 3, 1, 4, False), (32, 4, 2, 1, 4, True), (16, 4, 2, 0, 4, False))
 # Without HELIOS_COMPILE_SWEEP=1 (the suite's time) the bfloat16 pass compiles these of the swept ones: every
 # prefill tile the runtime launches (triton_prefill_tiles: the default, short rows, fused combine, long prompts'
-# per-head descriptor tile) and one of each other kind (per head, one split at most, per head with the fused
-# combine, descriptor loads of packed blocks); decode: each key/value block (1, 2, 4, 8 pages), speculation
-# and rotary on and off, each prefetch depth, 4 and 8 warps. The other tiles differ in sizes alone.
-SUITE_PREFILL_TILES = ("128x64x8x3", "64x64x4x2", "c128x64x8x3", "c64x64x4x2", "ht64x64x4x3", "h64x128x4x2",
-                       "128x64x8x3x256x1", "hc64x64x4x3", "t128x128x8x3")
+# per-head descriptor tile), which between them take each of the kernel's layouts and loads (packed, per head,
+# fused combine, descriptor loads); decode: each key/value block (1, 2, 4, 8 pages), speculation and rotary on
+# and off, each prefetch depth, 4 and 8 warps. The other tiles differ in sizes or in a combination of those
+# flags alone (per head unsplit, per head with the fused combine, packed descriptor loads, one split at most).
+# The split variants: every one of each kernel without sinks; with sinks (HAS_SINKS only seeds the softmax
+# of split 0, the same code for every split count) one of each kernel; in float16 (head_dim 96, group 3: the
+# masked head and group lanes) the unsplit and the fused split of each kernel. All with the sweep.
+PREFILL_SPLITS = ((1, False), (4, False), (4, True))  # (NUM_SPLITS, FUSED_COMBINE)
+DECODE_SPLITS = ((1, False, False), (8, False, False), (8, False, True), (1, True, False), (8, True, False),
+                 (8, True, True))  # (NUM_SPLITS, TUNED, FUSED)
+SUITE_PREFILL_TILES = ("128x64x8x3", "64x64x4x2", "c128x64x8x3", "c64x64x4x2", "ht64x64x4x3")
 SUITE_DECODE = ((128, 8, 2, 0, 1, False), (64, 4, 2, 2, 1, True), (8, 4, 3, 1, 8, False), (32, 4, 2, 1, 2, False),
                 (32, 4, 2, 1, 4, True))
 
@@ -56,9 +66,11 @@ def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], 
     print(f"{kernel.fn.__name__} {options}: {compiled.metadata.shared} bytes of shared memory")
 
 
-def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False, swept: bool = True) -> None:
+def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False, swept: bool = True,
+                every_split: bool = True) -> None:
     """Every kernel at these shapes; `capped`: the soft-capped prefill (split, fused combine; and one
-    contiguous tile) and decode (tuned, fused) too."""
+    contiguous tile) and decode (tuned, fused) too; `every_split` False (and no HELIOS_COMPILE_SWEEP=1):
+    of the split variants only the unsplit and the fused split ones."""
     pointer = f"*{dtype}"
     block_d = triton.next_power_of_2(head_dim)
     attend = dict(out_ptr=pointer, q_ptr=pointer, k_ptr=pointer, v_ptr=pointer, page_table_ptr="*i32",
@@ -69,15 +81,17 @@ def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False, swe
                   slot_ptr="*i64", prefetch_ptr=pointer)
     shape = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16, DOT_PRECISION="tf32")
     block_g = triton.next_power_of_2(group)
+    every_split = every_split or SWEEP
     for sinks in (False, True):  # sinks: helios::paged_attention_sinks(_tuned)
-        for splits, fused in ((1, False), (4, False), (4, True)):  # split-KV: partials, combine kernel or fused
+        # split-KV: partials, combine kernel or fused; see PREFILL_SPLITS for the suite's subset
+        for splits, fused in split_variants(PREFILL_SPLITS, sinks, every_split):
             compile_kernel(prefill._prefill_kernel, attend,
                            dict(shape, HEADS=group, HEADS_FIRST=False, BLOCK_G=block_g, BLOCK_M=128 // block_g,
                                 BLOCK_N=64, HAS_SINKS=sinks, NUM_SPLITS=splits, MIN_TILES=4, FUSED_COMBINE=fused,
                                 CONTIGUOUS=False),
                            num_warps=8, num_stages=3)
-        for splits, tuned, fused in ((1, False, False), (8, False, False), (8, False, True), (1, True, False),
-                                     (8, True, False), (8, True, True)):  # tuned: the count is read on the device
+        # tuned: the count is read on the device
+        for splits, tuned, fused in split_variants(DECODE_SPLITS, sinks, every_split):
             compile_kernel(decode._decode_kernel, attend,
                            dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks,
                                 MIN_TILES=2, FUSED=fused, PREFETCH=1, BLOCK_KV=1, SPECULATE=tuned,
@@ -136,12 +150,17 @@ def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False, swe
                    dict(NUM_KV_HEADS=8, BLOCK_H=8, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16))
 
 
+def split_variants(variants: tuple, sinks: bool, every_split: bool) -> tuple:
+    """The split variants compiled: all of them without sinks where `every_split`, all with the
+    sweep, else the unsplit (first) and the fused split (last) ones; with sinks the last alone."""
+    if SWEEP or (every_split and not sinks):
+        return variants
+    return variants[-1:] if sinks else (variants[0], variants[-1])
+
+
 def prefill_sweep_tiles(full: bool = True) -> list[prefill.PrefillTile]:
     """The tiles `bench/prefill_attention.py` sweeps by default (each must fit an H200's shared memory);
     `full` False: those of them in `SUITE_PREFILL_TILES`."""
-    import sys
-    from pathlib import Path
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from prefill_attention import TILES
 
@@ -156,5 +175,5 @@ if __name__ == "__main__":
     # The benchmark's swept tiles in bfloat16 (what it runs: all of them with HELIOS_COMPILE_SWEEP=1, else
     # SUITE_PREFILL_TILES and SUITE_DECODE); in float16 only with HELIOS_COMPILE_SWEEP=1 (the suite's time: each
     # swept tile compiles twice over otherwise, and the shapes differ only in dtype, group and head width,
-    # which the default tiles above still cover).
-    compile_all("fp16", group=3, head_dim=96, swept=SWEEP)
+    # which the default tiles above still cover), and of the split variants the unsplit and the fused ones.
+    compile_all("fp16", group=3, head_dim=96, swept=SWEEP, every_split=False)

@@ -3,15 +3,15 @@
 Run as a script in a process without TRITON_INTERPRET (see compile_attention_kernels.py): bfloat16 at
 Qwen3-30B-A3B expert shapes (decode and prefill block sizes, both activations, with and without
 biases; Nemotron-H's non-gated relu2 at one block shape) and float32. The grouped kernels compile at the
-smallest and the largest of the default tiles (16 x 32 and 64 x 64 rows x columns) in every variant;
-the two between (16 x 64, 32 x 64) only with HELIOS_COMPILE_SWEEP=1. Exits 0 when every kernel compiles.
+smallest and the largest of the default tiles (16 x 32 and 64 x 64 rows x columns): every variant in
+bfloat16 at the smallest, one of each kernel at the largest and in float32 (the gemv kernels too: every
+variant in bfloat16, one of each in float32); the two tiles between (16 x 64, 32 x 64) and every variant
+everywhere only with HELIOS_COMPILE_SWEEP=1. Exits 0 when every kernel compiles.
 """
 
 from __future__ import annotations
 
-import os
-
-from compile_attention_kernels import compile_kernel
+from compile_attention_kernels import SWEEP, compile_kernel
 
 from helios.abi import triton_moe as kernels
 from helios.abi import triton_route
@@ -19,17 +19,22 @@ from helios.abi import triton_route
 SCHEDULE = dict(order="*i64", block_expert="*i32", block_start="*i32", block_end="*i32")
 # The grouped kernels' (BLOCK_M, BLOCK_N): moe_tiles.default_tiles' smallest and largest; the two between
 # them only with HELIOS_COMPILE_SWEEP=1 (the suite's time; the same variants, the tile alone differs)
-BLOCKS = ((16, 32), (64, 64)) + (((16, 64), (32, 64)) if os.environ.get("HELIOS_COMPILE_SWEEP") == "1" else ())
+BLOCKS = ((16, 32), (64, 64)) + (((16, 64), (32, 64)) if SWEEP else ())
 
 
-def compile_all(dtype: str, precision: str) -> None:
+def compile_all(dtype: str, precision: str, every_variant: bool = True) -> None:
+    """The grouped kernels at each of BLOCKS: every bias and activation variant at the smallest (and with
+    HELIOS_COMPILE_SWEEP=1 at each), one of each kernel at the others; `every_variant` False: one of each
+    kernel at each block (the variants' code is the other dtype's pass's, the dtype alone differs)."""
     pointer = f"*{dtype}"
     gate_up = dict(SCHEDULE, hidden=pointer, gate_up=pointer, gate_up_bias=pointer, inter=pointer,
                    alpha="fp32", limit="fp32")
     down = dict(SCHEDULE, inter=pointer, route_weights="*fp32", down=pointer, down_bias=pointer, out="*fp32")
     for block_m, block_n in BLOCKS:
-        for bias in (False, True):
-            for activation in (0, 1, 2) if block_m == 16 and not bias else (0, 1):  # relu2 (2): one shape
+        variants = SWEEP or (every_variant and (block_m, block_n) == BLOCKS[0])
+        for bias in (False, True) if variants else (True,):
+            activations = (0, 1, 2) if block_m == 16 and not bias else (0, 1)  # relu2 (2): one shape
+            for activation in activations if variants else (1,):
                 compile_kernel(kernels._gate_up_kernel, gate_up,
                                dict(HAS_BIAS=bias, ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n,
                                     BLOCK_K=64, DOT_PRECISION=precision), num_warps=4)
@@ -37,10 +42,12 @@ def compile_all(dtype: str, precision: str) -> None:
                                                             BLOCK_K=64, DOT_PRECISION=precision), num_warps=4)
 
 
-def compile_gemv(dtype: str) -> None:
+def compile_gemv(dtype: str, every_variant: bool = True) -> None:
+    """`every_variant` False (and no HELIOS_COMPILE_SWEEP=1): one of each kernel (with a bias)."""
     pointer = f"*{dtype}"
-    for bias in (False, True):
-        for activation in (0, 1, 2) if bias else (0, 1):  # relu2 (2): with its bias
+    every_variant = every_variant or SWEEP
+    for bias in (False, True) if every_variant else (True,):
+        for activation in ((0, 1, 2) if bias else (0, 1)) if every_variant else (1,):  # relu2 (2): with its bias
             compile_kernel(kernels._gate_up_gemv_kernel,
                            dict(hidden=pointer, ids="*i64", gate_up=pointer, gate_up_bias=pointer, inter=pointer,
                                 alpha="fp32", limit="fp32"),
@@ -73,6 +80,6 @@ if __name__ == "__main__":
                                                       block_end="*i32"), dict(ROWS=rows, BLOCK_E=128, CHUNK=32))
     compile_routes("fp32")
     compile_gemv("bf16")
-    compile_gemv("fp32")
+    compile_gemv("fp32", every_variant=False)
     compile_all("bf16", "tf32")
-    compile_all("fp32", "ieee")
+    compile_all("fp32", "ieee", every_variant=False)
