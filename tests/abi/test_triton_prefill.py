@@ -16,22 +16,35 @@ import test_triton_attention as base  # enables the interpreter on machines with
 from helios.abi import attention_sinks  # noqa: F401  (registers the ops)
 from helios.abi import triton_prefill as prefill
 from helios.abi import triton_prefill_tiles as tiles
+from support.sweeps import swept
 from test_triton_attention import (
     MIXED_CACHED, MIXED_LENS, SCALE, Batch, Shape, assert_matches_reference, make_batch, release_below_window, run,
 )
+
+# On CPU (the interpreter) the suite runs one of the variants that launch the same kernel code: a fused layout
+# unsplit launches its unfused layout's kernel (a one-split launch compiles no combine), so it runs only with
+# HELIOS_KERNEL_SWEEP=1, and so do the middle split counts and windows named at each test. On CUDA all run.
+SWEEP = swept("HELIOS_KERNEL_SWEEP") or base.ON_CUDA
 
 SMALL = prefill.PrefillTile(16, 16, 2, 1, 16)  # 16 (token, head) pairs, 16 positions, runs of >= 1 tile
 WIDE = prefill.PrefillTile(32, 32, 4, 2, 32)
 PER_HEAD = prefill.PrefillTile(16, 16, 2, 1, 16, per_head=True)  # 16 tokens of one query head
 FUSED = prefill.PrefillTile(16, 16, 2, 1, 16, fused_combine=True)  # the last run merges: no combine launch
 FUSED_PER_HEAD = prefill.PrefillTile(16, 16, 2, 1, 16, per_head=True, fused_combine=True)
-LAYOUTS = pytest.mark.parametrize("tile", [SMALL, PER_HEAD, FUSED, FUSED_PER_HEAD],
-                                  ids=["packed", "per-head", "fused", "fused-per-head"])
+LAYOUT_NAMES = {SMALL: "packed", PER_HEAD: "per-head", FUSED: "fused", FUSED_PER_HEAD: "fused-per-head"}
 
 
-@LAYOUTS
+def layouts(splits: tuple, swept_splits: tuple = ()) -> pytest.MarkDecorator:
+    """Parametrizes (tile, splits) over the four layouts and `splits` (and `swept_splits` with the sweep);
+    a fused layout unsplit only with the sweep (the default test of its unfused layout takes its path)."""
+    counts = splits + swept_splits if SWEEP else splits
+    return pytest.mark.parametrize("tile, splits", [
+        pytest.param(tile, count, id=f"{name}-{count}") for count in counts for tile, name in LAYOUT_NAMES.items()
+        if SWEEP or count > 1 or not tile.fused_combine])
+
+
+@layouts((1, 3))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("splits", [1, 3])
 def test_cold_prompt_on_partial_pages(dtype, splits, tile):
     """One row of 45 tokens on pages of 8 (the last page partial): unmasked tiles below the diagonal,
     masked diagonal tiles; with 3 splits the long blocks' spans are cut and combined."""
@@ -39,8 +52,7 @@ def test_cold_prompt_on_partial_pages(dtype, splits, tile):
     assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=splits), batch, 0)
 
 
-@LAYOUTS
-@pytest.mark.parametrize("splits", [1, 2, 4, 16])
+@layouts((1, 4, 16), swept_splits=(2,))  # 2: split as 4 is
 def test_chunk_after_a_cached_prefix_split_and_unsplit(splits, tile):
     """A short chunk after a long cached prefix (the cached-prompt case), any split count: 16 splits
     over fewer tiles leaves empty runs, which the combine must ignore."""
@@ -56,9 +68,11 @@ def test_packed_rows_with_padding_and_one_token_rows(splits):
         assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=splits), batch, 0)
 
 
-@pytest.mark.parametrize("tile", [SMALL, PER_HEAD, FUSED, prefill.PrefillTile(16, 16, 2, 1, per_head=True)],
-                         ids=["packed", "per-head", "fused", "per-head-unsplit"])
-@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("tile, splits", [
+    pytest.param(tile, splits, id=f"{name}-{splits}") for splits in (1, 3) for tile, name in (
+        (SMALL, "packed"), (PER_HEAD, "per-head"), (FUSED, "fused"),
+        (prefill.PrefillTile(16, 16, 2, 1, per_head=True), "per-head-unsplit"))
+    if SWEEP or splits > 1 or not tile.fused_combine])  # fused unsplit: packed's kernel
 def test_padding_tokens_are_written_over_an_uninitialised_output(monkeypatch, tile, splits):
     """The output is allocated uninitialised: the kernel itself zeroes padding tokens (here 21 of
     them, more than a block, behind rows with an inactive one between), so NaN-filled memory
@@ -70,9 +84,8 @@ def test_padding_tokens_are_written_over_an_uninitialised_output(monkeypatch, ti
     assert_matches_reference(out, batch, 0)
 
 
-@LAYOUTS
-@pytest.mark.parametrize("window", [3, 11, 40])
-@pytest.mark.parametrize("splits", [1, 3])
+@layouts((1, 3))
+@pytest.mark.parametrize("window", [3, 40] + [11] * SWEEP)  # 11 crosses tiles as 40 does (40 splits too)
 def test_windows_read_nothing_below_them(window, splits, tile):
     """Windows of 3 (inside one tile), 11 and 40 (across tiles and splits): pages wholly below each row's
     window point at the NaN page, as after their release."""
@@ -81,8 +94,7 @@ def test_windows_read_nothing_below_them(window, splits, tile):
     assert_matches_reference(out, batch, window)
 
 
-@LAYOUTS
-@pytest.mark.parametrize("splits", [1, 3])
+@layouts((1, 3))
 def test_sinks_count_once_across_splits(splits, tile):
     batch = make_batch(35, [9, 3], [40, 0], Shape(page_tokens=4), padding=1)
     generator = torch.Generator().manual_seed(6)
@@ -94,7 +106,7 @@ def test_sinks_count_once_across_splits(splits, tile):
     torch.testing.assert_close(out, expected, **base.TOLERANCE[batch.q.dtype])
 
 
-@LAYOUTS
+@pytest.mark.parametrize("tile", list(LAYOUT_NAMES), ids=list(LAYOUT_NAMES.values()))
 def test_head_dim_and_group_that_are_not_powers_of_two_split(tile):
     batch = make_batch(36, [20, 2], [33, 4], Shape(head_dim=96, group=3, num_kv_heads=2, page_tokens=16), padding=1)
     assert_matches_reference(run(prefill.paged_attention_prefill, batch, 0, tile=tile, splits=3), batch, 0)
@@ -126,8 +138,10 @@ def on_consecutive_pages(batch: Batch, scatter_row: int | None = None) -> Batch:
 CONTIGUOUS_TILES = [prefill.parse_tile(name) for name in ("t16x16x2x1x16", "ht16x32x2x1x16", "hct16x16x2x1x16")]
 
 
-@pytest.mark.parametrize("tile", CONTIGUOUS_TILES, ids=lambda tile: tile.name)
-@pytest.mark.parametrize("window, splits", [(0, 1), (0, 3), (40, 3)])
+@pytest.mark.parametrize("tile, window, splits", [
+    pytest.param(tile, window, splits, id=f"{window}-{splits}-{tile.name}")
+    for window, splits in ((0, 1), (0, 3), (40, 3)) for tile in CONTIGUOUS_TILES
+    if SWEEP or splits > 1 or not tile.fused_combine])  # the fused tile unsplit: the per-head one's path
 def test_consecutive_pages_are_read_through_descriptors(monkeypatch, tile, window, splits):
     """Rows on consecutive pages (one row's first pages swapped: it gathers) with padding, windows and
     splits: the descriptor path gives the reference's result, and (under the interpreter, no window)
