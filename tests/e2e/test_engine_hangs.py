@@ -89,9 +89,13 @@ def test_health_is_a_503_while_the_engine_process_is_stopped_and_200_again_once_
     assert not served.engine._process.is_alive() and served.engine._process.exitcode == 0  # a clean stop
 
 
-def test_shutdown_ends_with_the_engine_process_stopped_and_its_pipe_full(core):
+def test_shutdown_ends_with_the_engine_process_stopped_and_its_pipe_full(core, monkeypatch):
     """Before: `EngineLink.shutdown` waited for the send lock, held by the command write blocked on
     the full pipe of the stopped engine process: forever."""
+    from helios.runtime import engine_link
+
+    # the grace only delays the kill of an engine process that cannot answer: a short one here
+    monkeypatch.setattr(engine_link, "UNRESPONSIVE_GRACE_S", 0.5)
     served = start_served(core, REQUESTS + 4, liveness_timeout_s=LIVENESS_S)
     app = create_app(served)
     process = served.engine._process

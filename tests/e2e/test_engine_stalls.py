@@ -180,9 +180,13 @@ def test_slow_rounds_that_complete_are_never_stalled(served, fault, app):
     assert [r.json()["usage"]["completion_tokens"] for r in done] == [12, 12]
 
 
-def test_shutdown_ends_with_the_worker_stuck_killing_the_engine_process(core):
+def test_shutdown_ends_with_the_worker_stuck_killing_the_engine_process(core, monkeypatch):
     """A stalled worker would not finish its round: shutdown waits the short grace an unresponsive
     engine process gets, then kills it; the request it held ends cancelled."""
+    from helios.runtime import engine_link
+
+    # the grace only delays the kill of an engine process that cannot answer: a short one here
+    monkeypatch.setattr(engine_link, "UNRESPONSIVE_GRACE_S", 0.5)
     fault = StepFault()
     served = start_served(core, 4, fault=fault, liveness_timeout_s=LIVENESS_S)
     process = served.engine._process
