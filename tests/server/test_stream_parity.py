@@ -46,9 +46,13 @@ from helios.server.app import create_app
 from helios.server.responses import with_transport_send
 from helios.server.service import ServedModel
 from support.server_core import NAMESPACE, SERVED_ID, TinyCore
+from support.sweeps import swept
 
-NUM_CHAT_DRAWS = 28
-NUM_TEXT_DRAWS = 20
+# HELIOS_STREAM_PARITY_DRAW_SWEEP=1 doubles the seeded draws: each default draw already takes the
+# same paths (both transports, chat and text, every request feature drawn at random), more seeds
+# reach rarer combinations of them.
+NUM_CHAT_DRAWS = 28 if swept("HELIOS_STREAM_PARITY_DRAW_SWEEP") else 14
+NUM_TEXT_DRAWS = 20 if swept("HELIOS_STREAM_PARITY_DRAW_SWEEP") else 10
 SPECIALS = ("<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>")
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
