@@ -163,23 +163,36 @@ _PREPARED: dict[str, tuple] = {}
 
 def prepared_family_core(case: FamilyCase, base: Path, qwen_tokenizer, deepseek_tokenizer):
     """(the family's tokenizer, its opened core): a tiny random checkpoint of `case` prepared once per
-    process under `base` (a 4,096-token context, one decode batch, no token-logprobs programs), so
-    the modules that serve or render each family share its preparation."""
+    test run under `base`'s shared root (`prepared_once`: the xdist workers share it; a 4,096-token
+    context, one decode batch, no token-logprobs programs), so the modules that serve or render each
+    family share its preparation."""
     from helios.core.keys import SigningKey, write_key_pair
     from helios.core.reader import open_core
     from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 
+    from support.shared_prepare import prepared_once, shared_root
+
+    given = {"qwen": qwen_tokenizer, "deepseek": deepseek_tokenizer}.get(case.tokenizer)
     if case.name not in _PREPARED:
-        tokenizer = {"qwen": qwen_tokenizer, "deepseek": deepseek_tokenizer}.get(case.tokenizer)
-        tokenizer = tokenizer or train_tokenizer(case.special_tokens)
-        root = base / f"family-{case.name}"
-        root.mkdir(parents=True, exist_ok=True)
-        checkpoint = write_family_checkpoint(case, tokenizer, root / "checkpoint")
-        public = write_key_pair(root / "publisher.key", key := SigningKey.generate(), [FAMILY_NAMESPACE])
-        plan = CapacityPlan(context_tokens=4096, prefill_tokens=256, decode_batches=(1,), mixed=False,
-                            token_logprobs=False)
-        prepare_core(checkpoint, root / "model.core", key,
-                     PrepareOptions(FAMILY_NAMESPACE, served_id=case.name, capacities=plan))
-        _PREPARED[case.name] = (tokenizer, root / "model.core", public)
+        root = shared_root(base) / f"family-{case.name}"
+        core = root / "model.core"
+
+        def prepare() -> None:
+            tokenizer = given or train_tokenizer(case.special_tokens)
+            root.mkdir(parents=True, exist_ok=True)
+            checkpoint = write_family_checkpoint(case, tokenizer, root / "checkpoint")
+            key = SigningKey.generate()
+            write_key_pair(root / "publisher.key", key, [FAMILY_NAMESPACE])
+            plan = CapacityPlan(context_tokens=4096, prefill_tokens=256, decode_batches=(1,), mixed=False,
+                                token_logprobs=False)
+            scratch = root / "model.core.partial"
+            prepare_core(checkpoint, scratch, key,
+                         PrepareOptions(FAMILY_NAMESPACE, served_id=case.name, capacities=plan))
+            scratch.rename(core)
+
+        prepared_once(root, core, prepare)
+        # a trained tokenizer as the checkpoint stores it (the worker that trained it may be another)
+        tokenizer = given or Tokenizer.from_file(str(root / "checkpoint" / "tokenizer.json"))
+        _PREPARED[case.name] = (tokenizer, core, root / "publisher.key.pub")
     tokenizer, path, public = _PREPARED[case.name]
     return tokenizer, open_core(path, accept=FAMILY_NAMESPACE, trusted_keys=[public])
