@@ -280,16 +280,17 @@ SEEDS = (  # (draw, seed, ranks): one of each kind of cut
     ("bamba", 2, 2),      # refused: 3 mixer groups and an MLP width of 9 for 2 ranks
     ("phi3", 6, 4),       # refused: an MLP width of 29 for 4 ranks
     ("gemma3", 8, 4),     # Gemma 3: 12 heads on 4 ranks (3 each), window 5, q/k/v/o biases, untied, vocab 97
+)
+# With HELIOS_RANK_FUZZ_SWEEP=1 besides (about 175 s of CPU on a 2-core machine): cuts of families that
+# tests/parallel/test_families.py runs on two ranks, and 4-rank cuts of mechanisms the seeds above cut on 4 ranks
+# (split heads with their window). The first four were in the suite's seeds: Bamba's groups split over two ranks as
+# test_families' hybrid snapshot test splits them, Ernie 4.5's rows as test_families' Ernie 4.5 MoE's, Cohere2's
+# parallel block as test_families' Cohere's (its biases added after the all-reduce as Phi-2's), OLMoE's
+# whole-projection q/k norms and experts by width as test_families' OLMoE cuts them on two ranks (four ranks: the
+# Gemma 3 seed above); MIXED programs on ranks, log-probabilities and prompt scores in the DeepSeek seed above.
+SWEEP_SEEDS = (
     ("olmoe", 0, 4),      # OLMoE: whole-projection q/k norms over 4 ranks (3 heads, 1 key/value head each), top-3
                           # of 8 experts of width 48 (12 a rank), q/k/v/o biases, the legacy rope layout
-)
-# With HELIOS_RANK_FUZZ_SWEEP=1 besides (about 160 s of CPU on a 2-core machine): cuts of families that
-# tests/parallel/test_families.py runs on two ranks, and 4-rank cuts of mechanisms the seeds above cut on 4 ranks
-# (split heads with their window, whole-projection q/k norms, experts by width). The first three were in the suite's
-# seeds: Bamba's groups split over two ranks as test_families' hybrid snapshot test splits them, Ernie 4.5's rows as
-# test_families' Ernie 4.5 MoE's, Cohere2's parallel block as test_families' Cohere's (its biases added after the
-# all-reduce as Phi-2's); MIXED programs on ranks, log-probabilities and prompt scores in the DeepSeek seed above.
-SWEEP_SEEDS = (
     ("bamba", 7, 2),      # Bamba: 2 mixer groups split over the ranks, vocab 255, MIXED programs
     ("llama_shaped", 7, 2),  # Ernie 4.5: de-interleaved q/k rows with their biases, llama3 rope, MIXED programs
     ("cohere", 7, 2),     # Cohere2: the parallel block with q/k/v/o biases (the partials summed once, the biases
