@@ -65,11 +65,9 @@ class ProgramImage:
 
 def encode_program(program: torch.export.ExportedProgram) -> bytes:
     """The `ProgramImage` bytes of `program`, without example inputs, node metadata or guard code."""
-    from torch._export.serde.serialize import serialize
-
     state = {name: _tensor(name, value) for name, value in program.state_dict.items()}
     constants = {name: _tensor(name, value) for name, value in program.constants.items()}
-    graph = json.loads(serialize(program).exported_program)
+    graph = _serialized_graph(program)
     for _, node in _nodes(graph):
         node["metadata"] = {}  # stack traces and module paths of the preparing machine
     graph["guards_code"] = []  # Python source; the runtime fixes shapes itself (see helios.runtime.loading.model)
@@ -80,6 +78,31 @@ def encode_program(program: torch.export.ExportedProgram) -> bytes:
         constants=safetensors.torch.save(constants) if constants else b"",
     )
     return image.SerializeToString(deterministic=True)
+
+
+_SERIALIZING = threading.Lock()
+
+
+def _serialized_graph(program: torch.export.ExportedProgram) -> dict:
+    """torch's serialized ExportedProgram JSON of `program`, parsed. torch's serializer also builds the
+    graph's canonical form (on a deep copy of the whole serialized graph: two thirds of its time) only to
+    drop it, and pickles the tensors, which the image stores as safetensors: both are skipped here; the
+    JSON is the same. The lock keeps the skip to this call (torch's own `canonicalize` stays for others)."""
+    from torch._export.serde import serialize as serde
+
+    with _SERIALIZING:
+        canonicalize = serde.canonicalize
+        serde.canonicalize = _unchanged
+        try:
+            artifact = serde.serialize(program, serialize_state_dict=False, serialize_constants=False,
+                                       serialize_example_inputs=False)
+        finally:
+            serde.canonicalize = canonicalize
+    return json.loads(artifact.exported_program)
+
+
+def _unchanged(program, constants=None):
+    return program
 
 
 def read_program_image(data: bytes) -> ProgramImage:
