@@ -34,6 +34,7 @@ from helios.ignition.program_spec import Capacity, Operation, program_spec
 from helios.ignition.recipes import load_checkpoint
 
 from support.bamba_reference import grouped_gated_norm
+from support.sweeps import swept
 
 from .driver import PagedModel, RowWork, Sequence, generate
 from .hf_checkpoints import Family, random_model, write_checkpoint
@@ -950,16 +951,28 @@ def _reference_greedy(reference, prompt: list[int]) -> tuple[list[int], torch.Te
 # ---------------------------------------------------------------------------------------------------
 # The fuzz: a fixed set of seeds per family (each family's draw is its own stream of seeds).
 
-_LLAMA_SHAPED_SEEDS = range(int(os.environ.get("HELIOS_LLAMA_SHAPED_FUZZ_SEEDS", 16)))  # the variable: a wider sweep
-_GLM_OLMO_SEEDS = range(int(os.environ.get("HELIOS_GLM_OLMO_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
-_COHERE_SEEDS = range(int(os.environ.get("HELIOS_COHERE_FUZZ_SEEDS", 8)))  # (StarCoder2's, Phi-2's) a wider sweep
-_LATENT_SEEDS = range(int(os.environ.get("HELIOS_LATENT_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
-_MOE_FAMILY_SEEDS = range(int(os.environ.get("HELIOS_MOE_FAMILY_FUZZ_SEEDS", 6)))  # the variable: a wider sweep
-SEEDS = {"dense": range(40), "moe": range(28), "deepseek": range(14),
-         "latent": _LATENT_SEEDS, "dots1": _LATENT_SEEDS, "gpt_oss": range(10), "bamba": range(12),
-         "phi3": range(16), "smollm3": _LLAMA_SHAPED_SEEDS, "llama_shaped": _LLAMA_SHAPED_SEEDS,
+SWEEP = "HELIOS_CONFIG_FUZZ_SWEEP"
+
+
+def _seeds(count: int, variable: str | None = None) -> range:
+    """A family's seeds: `variable`'s count where it is set (a wider sweep of one family), all `count` in the
+    HELIOS_CONFIG_FUZZ_SWEEP sweep, else the first half of them (every family keeps its draws' code paths
+    by default: each seed is one more random configuration on the same ones)."""
+    if variable and os.environ.get(variable):
+        return range(int(os.environ[variable]))
+    return range(count if swept(SWEEP) else -(-count // 2))
+
+
+_LLAMA_SHAPED_SEEDS = _seeds(16, "HELIOS_LLAMA_SHAPED_FUZZ_SEEDS")
+_GLM_OLMO_SEEDS = _seeds(8, "HELIOS_GLM_OLMO_FUZZ_SEEDS")
+_COHERE_SEEDS = _seeds(8, "HELIOS_COHERE_FUZZ_SEEDS")  # (StarCoder2's, Phi-2's)
+_LATENT_SEEDS = _seeds(8, "HELIOS_LATENT_FUZZ_SEEDS")
+_MOE_FAMILY_SEEDS = _seeds(6, "HELIOS_MOE_FAMILY_FUZZ_SEEDS")
+SEEDS = {"dense": _seeds(40), "moe": _seeds(28), "deepseek": _seeds(14),
+         "latent": _LATENT_SEEDS, "dots1": _LATENT_SEEDS, "gpt_oss": _seeds(10), "bamba": _seeds(12),
+         "phi3": _seeds(16), "smollm3": _LLAMA_SHAPED_SEEDS, "llama_shaped": _LLAMA_SHAPED_SEEDS,
          "granite": _LLAMA_SHAPED_SEEDS, "hunyuan": _LLAMA_SHAPED_SEEDS,
-         "gemma3": range(int(os.environ.get("HELIOS_GEMMA3_FUZZ_SEEDS", 12))),  # the variable: a wider sweep
+         "gemma3": _seeds(12, "HELIOS_GEMMA3_FUZZ_SEEDS"),
          "glm4": _GLM_OLMO_SEEDS, "olmo": _GLM_OLMO_SEEDS, "cohere": _COHERE_SEEDS, "starcoder2": _COHERE_SEEDS,
          "phi2": _COHERE_SEEDS, "qwen2_moe": _MOE_FAMILY_SEEDS,
          "olmoe": _MOE_FAMILY_SEEDS, "granite_moe": _MOE_FAMILY_SEEDS,
@@ -1004,7 +1017,7 @@ def draw_gemma(seed: int) -> Variant:
 
 
 DRAWS["gemma"] = draw_gemma
-SEEDS["gemma"] = range(int(os.environ.get("HELIOS_GEMMA_FUZZ_SEEDS", 8)))  # the variable: a wider sweep
+SEEDS["gemma"] = _seeds(8, "HELIOS_GEMMA_FUZZ_SEEDS")
 
 
 def draw_qwen3_next(seed: int) -> Variant:
@@ -1058,7 +1071,7 @@ def draw_qwen3_next(seed: int) -> Variant:
 
 
 DRAWS["qwen3_next"] = draw_qwen3_next
-SEEDS["qwen3_next"] = range(int(os.environ.get("HELIOS_QWEN3_NEXT_FUZZ_SEEDS", 6)))  # the variable: a wider sweep
+SEEDS["qwen3_next"] = _seeds(6, "HELIOS_QWEN3_NEXT_FUZZ_SEEDS")
 
 
 @pytest.mark.parametrize("kind, seed", [(kind, seed) for kind, seeds in SEEDS.items() for seed in seeds],
