@@ -210,3 +210,21 @@ def test_schema_objects_equal_what_torch_builds(image):
     for data in (image, core.read_resource("program.mixed.r4t20.rank0")):
         graph = read_program_image(data).graph
         assert schema_object(schema.ExportedProgram, graph) == _dict_to_dataclass(schema.ExportedProgram, graph)
+
+
+def test_encoding_is_the_same_with_torch_2_11s_serializer_and_leaves_torchs_canonical_form_in_place(
+        exported, image, monkeypatch):
+    """Encoding skips torch's canonical-form check and, where torch's serialize takes the arguments (2.13),
+    the tensors' pickles; torch 2.11's serialize takes none of them, and the bytes are the same."""
+    from torch._export.serde import serialize as serde
+
+    canonicalize, serialize = serde.canonicalize, serde.serialize
+    seen = []
+
+    def serialize_2_11(exported_program, opset_version=None, pickle_protocol=serde.DEFAULT_PICKLE_PROTOCOL):
+        seen.append(serde.canonicalize is canonicalize)
+        return serialize(exported_program, opset_version, pickle_protocol)
+
+    monkeypatch.setattr(serde, "serialize", serialize_2_11)
+    assert encode_program(exported) == image
+    assert seen == [False] and serde.canonicalize is canonicalize

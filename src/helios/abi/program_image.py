@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import threading
 import types
@@ -90,15 +91,19 @@ def _serialized_graph(program: torch.export.ExportedProgram) -> dict:
     JSON is the same. The lock keeps the skip to this call (torch's own `canonicalize` stays for others)."""
     from torch._export.serde import serialize as serde
 
+    # torch 2.13 can skip pickling the tensors; torch 2.11's serialize takes no such arguments
+    skipped = {name: False for name in _SKIPPABLE if name in inspect.signature(serde.serialize).parameters}
     with _SERIALIZING:
         canonicalize = serde.canonicalize
         serde.canonicalize = _unchanged
         try:
-            artifact = serde.serialize(program, serialize_state_dict=False, serialize_constants=False,
-                                       serialize_example_inputs=False)
+            artifact = serde.serialize(program, **skipped)
         finally:
             serde.canonicalize = canonicalize
     return json.loads(artifact.exported_program)
+
+
+_SKIPPABLE = ("serialize_state_dict", "serialize_constants", "serialize_example_inputs")
 
 
 def _unchanged(program, constants=None):
