@@ -1,13 +1,14 @@
 """Speculation served over HTTP answers what the same core answers without it (a differential test).
 
 One tiny chat core (the server tests' Qwen3-shaped checkpoint with the test tokenizer and chat
-template) is prepared with a one-layer truncated copy of itself as the draft (speculative widths
-1 and 4, so D = 3 proposals a round; the draft agrees about one time in three: rounds both accept
-drafted runs and reject them) and served four times in this process: speculating with the learned
-draft ("learned"), speculating with history drafting too ("history"), `--speculative-width 1` (the
-documented switch that turns speculation off: the reference) and a scheduler that never picks
-speculative programs ("decode": plain DECODE steps); the same weights are also prepared with device
-prefix allocation (ceilings of 4 a lane within P = 2 a lane) and MIXED steps ("allocating").
+template) is prepared with a one-layer truncated copy of itself as the draft (speculative widths 1
+and 4, so D = 3 proposals a round; the draft agrees about one time in three: rounds both accept
+drafted runs and reject them) and served three or four times in this process: speculating with the
+learned draft ("learned"), speculating with history drafting too ("history"), `--speculative-width
+1` (the documented switch that turns speculation off: the reference) and, with
+HELIOS_SPECULATIVE_SWEEP=1, a scheduler that never picks speculative programs ("decode": plain
+DECODE steps); the same weights are also prepared with device prefix allocation (ceilings of 4 a
+lane within P = 2 a lane) and MIXED steps ("allocating").
 
 Every greedy request below goes to the learned server alone (the history server too with
 HELIOS_SPECULATIVE_SWEEP=1), as JSON and as a stream, and must come back as the reference answers
@@ -66,6 +67,10 @@ SPECULATING = ("learned", "history")
 # (for the suite's time). It drafts as "learned" does and copies candidates besides; by default it answers every case
 # (JSON and streamed) in test_all_requests_at_once_are_answered_as_one_at_a_time, and seeded requests never draft.
 ALONE = in_sweep("HELIOS_SPECULATIVE_SWEEP", ("learned",), ("history",))
+# "decode" (a speculative core whose scheduler never speculates) is started only in that sweep too: the other servers
+# take plain steps on the same core for requests that cannot draft, and test_equivalence decodes ordinarily on
+# speculative cores.
+PLAIN = in_sweep("HELIOS_SPECULATIVE_SWEEP", (), ("decode",))
 ALLOCATING = "allocating"  # the same weights prepared with device prefix allocation and MIXED steps
 WIDTH, DRAFTS = 4, 3
 # A prompt whose greedy output repeats one token (298, "ld") many times: stops, penalties and a
@@ -148,7 +153,7 @@ def servers(checkpoint_and_core, tmp_path_factory):
         "learned": (root, StartupOptions(), SchedulerPolicy()),
         "history": (root, StartupOptions(history_drafting=True), SchedulerPolicy()),
         REFERENCE: (root, StartupOptions(speculative_width=1), SchedulerPolicy()),
-        "decode": (root, StartupOptions(), SchedulerPolicy(speculative=False)),
+        **({"decode": (root, StartupOptions(), SchedulerPolicy(speculative=False))} if PLAIN else {}),
         ALLOCATING: (allocating, StartupOptions(), SchedulerPolicy()),
     }
     started = {}
@@ -164,7 +169,8 @@ def servers(checkpoint_and_core, tmp_path_factory):
 def test_the_servers_select_the_widths_they_were_started_with(servers):
     widths = {name: {p.speculative.verify_tokens for p in server.served.engine.executor.model.programs
                      if p.speculative is not None} for name, server in servers.items()}
-    assert widths == {"learned": {WIDTH}, "history": {WIDTH}, REFERENCE: {1}, "decode": {WIDTH}, ALLOCATING: {WIDTH}}
+    assert widths == {"learned": {WIDTH}, "history": {WIDTH}, REFERENCE: {1}, ALLOCATING: {WIDTH},
+                      **{name: {WIDTH} for name in PLAIN}}
 
 
 # -- the requests ---------------------------------------------------------------------------------
@@ -360,7 +366,7 @@ def test_the_cases_exercise_what_they_name(expected):
     assert expected["tools_required"][0]["choices"][0]["message"]["tool_calls"]
 
 
-@pytest.mark.parametrize("server_name", [*SPECULATING, ALLOCATING, "decode"])
+@pytest.mark.parametrize("server_name", [*SPECULATING, ALLOCATING, *PLAIN])
 def test_all_requests_at_once_are_answered_as_one_at_a_time(server_name, servers, runner, expected):
     # JSON and streamed requests of every case, five at a time (at most 20 choices: the permits):
     # lanes that draft share rounds with lanes that cannot (grammar, stops, max_tokens) and with
