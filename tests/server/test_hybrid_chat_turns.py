@@ -19,6 +19,7 @@ from helios.server.app import create_app
 from helios.server.service import ServedModel
 from ignition.hf_checkpoints import BAMBA
 from support.chat_checkpoint import write_chat_checkpoint
+from support.shared_prepare import prepared_once, shared_root
 
 NAMESPACE = "test.helios/hybrid-chat"
 QUESTION = {"role": "user", "content": "what is 12 plus 30?"}
@@ -28,17 +29,19 @@ QUESTION = {"role": "user", "content": "what is 12 plus 30?"}
 def hybrid(tmp_path_factory):
     """A small hybrid chat core: one decode batch, with token-logprobs programs (the one hybrid core
     that carries them: tests/runtime/test_hybrid_runtime.py's has none), prepared once per session
-    under pytest's base directory (test_state_graph_chat_turns imports this fixture)."""
-    root = tmp_path_factory.getbasetemp() / "hybrid-chat"
-    if (root / "model.core").is_file():
-        return root
-    root.mkdir(exist_ok=True)
-    checkpoint = write_chat_checkpoint(BAMBA, root / "checkpoint", seed=4)
-    key = SigningKey.generate()
-    write_key_pair(root / "publisher.key", key, [NAMESPACE])
-    plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(2,))
-    prepare_core(checkpoint, root / "model.core.partial", key, PrepareOptions(NAMESPACE, capacities=plan))
-    (root / "model.core.partial").rename(root / "model.core")
+    under the run's directory, shared by the xdist workers (test_state_graph_chat_turns imports this fixture)."""
+    root = shared_root(tmp_path_factory.getbasetemp()) / "hybrid-chat"
+
+    def prepare() -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        checkpoint = write_chat_checkpoint(BAMBA, root / "checkpoint", seed=4)
+        key = SigningKey.generate()
+        write_key_pair(root / "publisher.key", key, [NAMESPACE])
+        plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(2,))
+        prepare_core(checkpoint, root / "model.core.partial", key, PrepareOptions(NAMESPACE, capacities=plan))
+        (root / "model.core.partial").rename(root / "model.core")
+
+    prepared_once(root, root / "model.core", prepare)
     return root
 
 
