@@ -25,6 +25,11 @@ VARIANTS = (
     (Operation.MIXED, Capacity(4, 32)),
     (Operation.SCORED_PREFILL, Capacity(2, 32)),
 )
+ALL_OPERATIONS = tuple(op for op, _ in VARIANTS)
+# What `prepare` captures unless asked for more: the driver runs every step of the checks against
+# transformers through MIXED when PREFILL / DECODE are not captured, and scores through SCORED_PREFILL.
+# test_equivalence's own families (and tests/gpu's family checks) keep the PREFILL and DECODE programs.
+CHECK_OPERATIONS = (Operation.MIXED, Operation.SCORED_PREFILL)
 
 
 @contextlib.contextmanager
@@ -54,15 +59,30 @@ class Prepared:
     captured: dict[Operation, CapturedProgram]
     programs: dict[Operation, tuple]  # {operation: (ProgramSpec, loaded module)}
 
+    def capture(self, operations) -> None:
+        """Capture and load the `operations` (of VARIANTS) not captured yet; both dicts stay in VARIANTS' order."""
+        missing = [(op, capacity) for op, capacity in VARIANTS if op in operations and op not in self.captured]
+        if not missing:
+            return
+        arch = self.recipe.architecture
+        self.captured.update({op: capture_program(arch, op, capacity, PAGE_TOKENS) for op, capacity in missing})
+        self.programs.update({op: (self.captured[op].spec, load_program(self.captured[op].program))
+                              for op, _ in missing})
+        self.captured = {op: self.captured[op] for op in ALL_OPERATIONS if op in self.captured}
+        self.programs = {op: self.programs[op] for op in ALL_OPERATIONS if op in self.programs}
+
 
 @pytest.fixture(scope="session")
 def prepare(tmp_path_factory):
+    """`prepare(family)`: the family's Prepared, its reference and checkpoint built once per session and
+    its `operations` (CHECK_OPERATIONS unless given; ALL_OPERATIONS for every program of VARIANTS) captured."""
     cache: dict[str, Prepared] = {}
 
-    def get(family: Family) -> Prepared:
-        if family.name not in cache:
-            with single_thread():
+    def get(family: Family, operations=CHECK_OPERATIONS) -> Prepared:
+        with single_thread():
+            if family.name not in cache:
                 cache[family.name] = _prepare(family, tmp_path_factory.mktemp(family.name))
+            cache[family.name].capture(operations)
         return cache[family.name]
 
     return get
@@ -73,9 +93,7 @@ def _prepare(family: Family, directory) -> Prepared:
     reference.generation_config.eos_token_id = None
     reference.generation_config.pad_token_id = 0
     recipe = load_checkpoint(write_checkpoint(reference, directory))
-    captured = {op: capture_program(recipe.architecture, op, capacity, PAGE_TOKENS) for op, capacity in VARIANTS}
-    programs = {op: (program.spec, load_program(program.program)) for op, program in captured.items()}
-    return Prepared(family, reference, recipe, captured, programs)
+    return Prepared(family, reference, recipe, {}, {})
 
 
 @pytest.fixture(scope="module")

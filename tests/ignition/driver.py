@@ -86,17 +86,24 @@ class PagedModel:
         return self.state["prompt_counts"].shape[1]
 
     def choose(self, rows: list[RowWork]) -> Operation:
-        """DECODE for single-token rows, PREFILL when no row has generated yet, else MIXED."""
+        """DECODE for single-token rows, PREFILL when no row has generated yet, else MIXED (and MIXED
+        for any step whose DECODE or PREFILL program is not among `programs`)."""
         is_decode = all(len(r.tokens) == 1 for r in rows)
         is_prefill = not any(r.sequence.generated for r in rows)
         for operation, allowed in ((Operation.DECODE, is_decode), (Operation.PREFILL, is_prefill),
                                    (Operation.MIXED, True)):
+            if operation not in self.programs:
+                continue
             capacity = self.programs[operation][0].capacity
             fits = len(rows) <= capacity.batch_capacity and \
                 sum(len(r.tokens) for r in rows) <= capacity.packed_token_capacity
             if allowed and fits:
                 return operation
         raise AssertionError("no program variant fits the step")
+
+    def variant(self, operation: Operation) -> Operation:
+        """`operation` if its program is among `programs`, else MIXED (which runs any step)."""
+        return operation if operation in self.programs else Operation.MIXED
 
     def run(self, operation: Operation, rows: list[RowWork]) -> dict[str, torch.Tensor]:
         self.operations_run.append(operation)

@@ -15,6 +15,7 @@ from helios.ignition.architecture import CheckpointError
 from helios.ignition.program_spec import Access, Capacity, InputRole, Operation, program_spec
 from helios.ignition.window_split import WINDOW_INPUTS, full_layers, sliding_layers
 
+from .conftest import ALL_OPERATIONS
 from .driver import PagedModel, RowWork, Sequence
 from .hf_checkpoints import QWEN2
 
@@ -28,7 +29,7 @@ ABI_OPS = {"helios::rotary_cache_write", "helios::paged_attention", "helios::sam
 
 @pytest.fixture(scope="module")
 def prepared(prepare):
-    return prepare(QWEN2)  # q/k/v bias, tied embeddings, one sliding-window layer
+    return prepare(QWEN2, ALL_OPERATIONS)  # q/k/v bias, tied embeddings, one sliding-window layer
 
 
 def exported(captured) -> torch.export.ExportedProgram:

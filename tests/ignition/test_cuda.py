@@ -9,6 +9,7 @@ from torch.export.passes import move_to_device_pass
 from helios.abi.program_image import decode_program
 from helios.ignition.program_spec import Operation
 
+from .conftest import ALL_OPERATIONS
 from .driver import PagedModel, Sequence, generate
 from .hf_checkpoints import GEMMA2, GEMMA3, MISTRAL
 from .test_equivalence import NEW_TOKENS, assert_matches_reference, random_prompt
@@ -18,7 +19,7 @@ from .test_equivalence import NEW_TOKENS, assert_matches_reference, random_promp
 # Gemma 3: gelu_tanh_mul; Gemma 2: helios::paged_attention_softcap's Triton kernels (prefill, decode, tuned)
 @pytest.mark.parametrize("family", [MISTRAL, GEMMA3, GEMMA2], ids=lambda family: family.name)
 def test_moved_programs_generate_the_reference_tokens_on_cuda(prepare, family):
-    prepared = prepare(family)
+    prepared = prepare(family, ALL_OPERATIONS)
     programs = {}
     for operation, captured in prepared.captured.items():
         program = move_to_device_pass(decode_program(captured.program), "cuda")

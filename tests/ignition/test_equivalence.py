@@ -16,7 +16,7 @@ from helios.ignition.architecture import Architecture, weight_layout
 from helios.ignition.capture import build_program
 from helios.ignition.program_spec import Operation, program_spec
 
-from .conftest import PAGE_TOKENS, VARIANTS
+from .conftest import ALL_OPERATIONS, PAGE_TOKENS, VARIANTS
 from .driver import PagedModel, RowWork, Sequence, generate
 from .hf_checkpoints import FAMILIES
 
@@ -26,7 +26,9 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda family: family.name)
 def prepared(request, prepare):
-    return prepare(request.param)
+    # Every program of VARIANTS: these families' checks take the PREFILL and DECODE programs too (a
+    # family module's FamilyChecks run every step through MIXED, as its `prepare` captures only CHECK_OPERATIONS).
+    return prepare(request.param, ALL_OPERATIONS)
 
 
 def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
@@ -151,8 +153,8 @@ def test_single_prompt_greedy_matches(prepared):
     model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
     sequence = Sequence(0, list(prompt))
     generate(model, [sequence], NEW_TOKENS, chunk=16)
-    assert model.operations_run[0] is Operation.PREFILL
-    assert set(model.operations_run[1:]) == {Operation.DECODE}
+    assert model.operations_run[0] is model.variant(Operation.PREFILL)
+    assert set(model.operations_run[1:]) == {model.variant(Operation.DECODE)}
     assert_matches_reference(prepared, sequence, prompt)
 
 
@@ -161,7 +163,8 @@ def test_continuous_batch_of_different_lengths_matches(prepared):
     model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
     sequences = [Sequence(slot, list(prompt)) for slot, prompt in enumerate(prompts)]
     generate(model, sequences, NEW_TOKENS, chunk=8, arrivals=[0, 0, 3])
-    assert {Operation.PREFILL, Operation.MIXED, Operation.DECODE} <= set(model.operations_run)
+    assert {model.variant(Operation.PREFILL), Operation.MIXED, model.variant(Operation.DECODE)} <= \
+        set(model.operations_run)
     for sequence, prompt in zip(sequences, prompts):
         assert_matches_reference(prepared, sequence, prompt)
 
@@ -170,21 +173,22 @@ def test_prompt_continuing_from_cached_prefix_pages_matches(prepared):
     model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
     first = Sequence(0, random_prompt(10, seed=7))
     model.admit(first, 10)
-    model.run(Operation.PREFILL, [RowWork(first, tuple(first.token_ids), 0, sample=False)])
+    model.run(model.variant(Operation.PREFILL), [RowWork(first, tuple(first.token_ids), 0, sample=False)])
     prompt = first.token_ids[:8] + random_prompt(6, seed=8)
     shared_pages = first.pages[:2]  # the two full pages of the common 8-token prefix
     # (and the same pages of the sliding layers' own region where the layers mix windows)
     second = Sequence(1, list(prompt), pages=list(shared_pages), window_pages=first.window_pages[:2], num_cached=8)
     generate(model, [second], NEW_TOKENS, chunk=16)
     assert second.pages[:2] == shared_pages
-    assert model.operations_run[1] is Operation.PREFILL  # only the 6-token suffix was prefilled
+    assert model.operations_run[1] is model.variant(Operation.PREFILL)  # only the 6-token suffix was prefilled
     assert_matches_reference(prepared, second, prompt)
 
 
 class FamilyChecks:
     """The module's four checks against transformers as methods, for a family's own test module:
     ``class TestAgainstTransformers(FamilyChecks)`` there runs them on that module's `prepared`
-    fixture (one prepared checkpoint per module serves these and the module's own tests)."""
+    fixture (one prepared checkpoint per module serves these and the module's own tests). With the
+    default `prepare(family)` (MIXED and SCORED_PREFILL captured) every generation step runs MIXED."""
 
     def test_scored_prefill_logits_and_logprobs_match(self, prepared):
         test_scored_prefill_logits_and_logprobs_match(prepared)

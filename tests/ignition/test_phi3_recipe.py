@@ -24,7 +24,7 @@ from helios.ignition.program_spec import Operation
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 
 from . import test_equivalence as equivalence
-from .conftest import PAGE_TOKENS, VARIANTS, Prepared
+from .conftest import CHECK_OPERATIONS, PAGE_TOKENS, VARIANTS, Prepared
 from .driver import PagedModel, RowWork, Sequence, generate
 from .hf_checkpoints import (LONGROPE_LONG, LONGROPE_SHORT, PHI35_LONG, PHI3_MINI, PHI4_MINI, random_model,
                              rewritten_checkpoint, write_checkpoint)
@@ -77,7 +77,9 @@ def long_checkpoint(tmp_path_factory):
 
 
 def _programs(recipe):
-    captured = {op: capture_program(recipe.architecture, op, capacity, PAGE_TOKENS) for op, capacity in VARIANTS}
+    """The CHECK_OPERATIONS programs (every generation step runs MIXED, as in the family checks)."""
+    captured = {op: capture_program(recipe.architecture, op, capacity, PAGE_TOKENS) for op, capacity in VARIANTS
+                if op in CHECK_OPERATIONS}
     return Prepared(PHI35_LONG, None, recipe, captured,
                     {op: (program.spec, load_program(program.program)) for op, program in captured.items()})
 
