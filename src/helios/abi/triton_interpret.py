@@ -21,7 +21,8 @@ kernel patches the ``triton.language`` namespaces it sees again, listing each wi
 has patched them all already and undoes its patches when it ends. The names of each namespace's
 builtins are listed once (each call still patches exactly the members whose current value is a
 builtin), and a helper whose namespaces the launch (or a helper before it) patched is not patched
-again.
+again. Its ``_get_np_dtype``, called for most operations, builds its table of numpy dtypes once, not
+at every call.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def enable_interpreter() -> None:
     _fix_interpreter_bf16_rounding()
     _fix_interpreter_patch_cost()
     _fix_interpreter_nested_patches()
+    _fix_interpreter_dtype_table()
 
 
 def _fix_interpreter_index() -> None:
@@ -145,9 +147,18 @@ def _fix_interpreter_nested_patches() -> None:
     original = interpreter._patch_lang
     launch = threading.local()  # .patched: ids of the namespaces the running launch patched, .scope: its scope
 
+    # id(globals) -> (globals, its size, ids of its language namespaces): listed again when the dict grows
+    # (a module still importing) or is another dict at a reused id; a helper's module is not re-listed at
+    # each of its calls (thousands a launch)
+    listed: dict[int, tuple[dict, int, frozenset[int]]] = {}
+
     def namespaces(fn) -> frozenset[int]:
-        return frozenset(id(value) for value in fn.__globals__.values()
-                         if inspect.ismodule(value) and value in (tl, tl.core))
+        found = fn.__globals__
+        entry = listed.get(id(found))
+        if entry is None or entry[0] is not found or entry[1] != len(found):
+            entry = listed[id(found)] = (found, len(found), frozenset(
+                id(value) for value in found.values() if inspect.ismodule(value) and value in (tl, tl.core)))
+        return entry[2]
 
     def patch_lang(fn):
         seen = namespaces(fn)
@@ -171,3 +182,31 @@ def _fix_interpreter_nested_patches() -> None:
 
     patch_lang.helios_nested_once = True
     interpreter._patch_lang = patch_lang
+
+
+def _fix_interpreter_dtype_table() -> None:
+    """Replace the interpreter's ``_get_np_dtype`` once with one that builds its table once (the same
+    mapping: pointers and blocks of pointers are uint64, a block maps as its element type; bfloat16 and
+    the float8 types are stored as uint16 and uint8)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if getattr(interpreter._get_np_dtype, "helios_table_once", False):
+        return
+    original = interpreter._get_np_dtype
+    table = {dtype: original(dtype) for dtype in (
+        tl.int1, tl.float16, tl.float32, tl.float64, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32,
+        tl.int64, tl.uint64, tl.bfloat16, tl.float8e5, tl.float8e5b16, tl.float8e4nv, tl.float8e4b8, tl.float8e4b15)}
+    pointer = np.dtype(np.uint64)
+
+    def get_np_dtype(tt_dtype):
+        if isinstance(tt_dtype, tl.pointer_type):
+            return pointer
+        if isinstance(tt_dtype, tl.block_type):
+            element = tt_dtype.element_ty
+            return pointer if isinstance(element, tl.pointer_type) else table[element]
+        return table[tt_dtype]
+
+    get_np_dtype.helios_table_once = True
+    interpreter._get_np_dtype = get_np_dtype
