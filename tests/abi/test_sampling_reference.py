@@ -40,7 +40,6 @@ taken over the min-p survivors' mass; transformers and Helios take it before min
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -58,6 +57,7 @@ from transformers.generation.logits_process import (  # noqa: E402
 
 from helios.abi import rng, sampling  # noqa: E402
 from helios.abi.grammar import mask_words  # noqa: E402
+from support.sweeps import swept  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
 EDGE = 1e-9  # how far inside a reference interval the edge probes sit
@@ -339,7 +339,7 @@ def test_presence_and_frequency_ignore_prompt_ids(monkeypatch):
 # The fused pipeline's draws run the Triton kernels under the interpreter here (about 10 s a probed case):
 # the suite probes the cases below; HELIOS_FUSED_PROBES_ALL=1 adds top-p over a 1000-id row and the two tie
 # cases, which test_triton_draws checks kernel-side (ties, strict top-p) against the reference in the suite.
-_FUSED_ALL = os.environ.get("HELIOS_FUSED_PROBES_ALL") == "1"
+_FUSED_ALL = swept("HELIOS_FUSED_PROBES_ALL")
 
 
 @pytest.mark.parametrize("case", ["top_k", "biased_filtered", "temperature_tiny", *(["top_p"] if _FUSED_ALL else [])])
