@@ -20,7 +20,7 @@ N = 2
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    served = _serve(_scored_core(tmp_path_factory.mktemp("echo")))
+    served = _serve(_scored_core(tmp_path_factory.getbasetemp()))
     yield served
     served.shutdown()
 

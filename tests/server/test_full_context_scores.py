@@ -21,7 +21,7 @@ CONTEXT = 128  # the scored core's context extent
 
 @pytest.fixture(scope="module")
 def core(tmp_path_factory):
-    return _scored_core(tmp_path_factory.mktemp("full-context"))
+    return _scored_core(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")
