@@ -104,3 +104,32 @@ def qwen_tokenizer(tmp_path_factory) -> Tokenizer:
 
     prepared_once(root, saved, build)
     return built[0] if built else Tokenizer.from_file(str(saved))
+
+
+_LL_TOKENIZERS: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_ll_tokenizers():
+    """The llguidance tokenizer of a vocabulary is built once per process for these modules (about
+    3 s for a 150k vocabulary): the modules serve and render the same few vocabularies through many
+    frontends, and each `GrammarCompiler.from_tokenizer` built its own. A compiler still is its own
+    (its verdict cache too); the tokenizer it holds is immutable."""
+    import llguidance
+
+    from helios.frontend.structured import grammar
+
+    class Shared:
+        def __getattr__(self, name):
+            return getattr(llguidance, name)
+
+        @staticmethod
+        def LLTokenizer(text: str, *, n_vocab: int, eos_token: list[int]):  # noqa: N802 (llguidance's name)
+            key = (text, n_vocab, tuple(eos_token))
+            if key not in _LL_TOKENIZERS:
+                _LL_TOKENIZERS[key] = llguidance.LLTokenizer(text, n_vocab=n_vocab, eos_token=eos_token)
+            return _LL_TOKENIZERS[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grammar, "llguidance", Shared())
+        yield
