@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import triton
 
-from compile_attention_kernels import compile_kernel
+from compile_attention_kernels import SWEEP, compile_kernel
 from helios.abi import triton_latent as kernels
 
 
-def compile_all(dtype: str, latent: int, rope: int, precision: str, heads: int) -> None:
+def compile_all(dtype: str, latent: int, rope: int, precision: str, heads: int, every_variant: bool = True) -> None:
+    """`every_variant` False (and no HELIOS_COMPILE_SWEEP=1): each tile once, unsplit (decode) or split
+    (the multi-token tile), not both."""
     pointer = f"*{dtype}"
     block_c, block_r = max(16, triton.next_power_of_2(latent)), max(16, triton.next_power_of_2(rope))
     types = dict(out_ptr=pointer, q_latent_ptr=pointer, q_rope_ptr=pointer, latent_cache_ptr=pointer,
@@ -23,7 +25,10 @@ def compile_all(dtype: str, latent: int, rope: int, precision: str, heads: int) 
     types.update(part_m_ptr="*fp32", part_l_ptr="*fp32", part_o_ptr="*fp32")
     # The tiles launches choose: one token per tile (decode) and a multi-token tile (prefill, mixed).
     tiles = {kernels.latent_tiles(1, 1, heads, latent), kernels.latent_tiles(64, 1, heads, latent)}
-    for (block_h, block_t), splits in ((tile, splits) for tile in sorted(tiles) for splits in (1, 8)):
+    variants = [(tile, splits) for tile in sorted(tiles) for splits in (1, 8)]
+    if not (every_variant or SWEEP):
+        variants = [(tile, 1 if tile == kernels.latent_tiles(1, 1, heads, latent) else 8) for tile in sorted(tiles)]
+    for (block_h, block_t), splits in variants:
         compile_kernel(kernels._latent_attention_kernel, types,
                        dict(LATENT_DIM=latent, ROPE_DIM=rope, BLOCK_C=block_c, BLOCK_R=block_r, BLOCK_H=block_h,
                             BLOCK_T=block_t, BLOCK_N=32, PAGE_TOKENS=16, NUM_SPLITS=splits, DOT_PRECISION=precision),
@@ -40,4 +45,4 @@ def compile_all(dtype: str, latent: int, rope: int, precision: str, heads: int) 
 
 if __name__ == "__main__":
     compile_all("bf16", 512, 64, "tf32", heads=16)
-    compile_all("fp32", 32, 16, "ieee", heads=4)
+    compile_all("fp32", 32, 16, "ieee", heads=4, every_variant=False)
