@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import helios.ignition.sharding as sharding
 from helios.cli.main import main
 from helios.core.reader import open_core
 from helios.runtime.offline import generate
@@ -32,6 +33,10 @@ MAX_TOKENS = 10
 SCORED_FAMILIES = frozenset(family.name for family in (LLAMA3, QWEN3, QWEN3_MOE))
 # Small collective timeout: a silent rank fails a test model within seconds (the default is 60 s).
 FAST = RankOptions(peers=PeerKind.THREADS, collective_timeout_s=5.0, join_timeout_s=60.0)
+# Llama 3's two-rank core (which several files open) is prepared with its weights cut into parts of 32 KiB
+# (several resources a rank, loaded by position): test_families' weights-in-parts test checks that on it
+# instead of preparing a core of its own.
+WEIGHT_PARTS = {(LLAMA3.name, 2): 32 * 1024}
 
 
 class Cores:
@@ -64,7 +69,8 @@ class Cores:
     def core(self, family, ranks: int, seed: int = 3) -> Path:
         logprobs = () if family.name in SCORED_FAMILIES else ("--no-logprobs",)
         options = ("--decode-batches", "2", "--no-mixed", *logprobs)
-        return self._prepared(family, ranks, seed, f"{family.name}-{seed}-tp{ranks}.core", options)
+        return self._prepared(family, ranks, seed, f"{family.name}-{seed}-tp{ranks}.core", options,
+                              WEIGHT_PARTS.get((family.name, ranks)))
 
     def custom_core(self, family, ranks: int, name: str, options: tuple[str, ...] = (), seed: int = 3) -> Path:
         """A core of `family` for `ranks` ranks prepared with `options` beside the usual context and
@@ -72,19 +78,24 @@ class Cores:
         or `helios prepare` choose), once per run under `name`."""
         return self._prepared(family, ranks, seed, f"{family.name}-{seed}-{name}-tp{ranks}.core", options)
 
-    def _prepared(self, family, ranks: int, seed: int, file: str, options: tuple[str, ...]) -> Path:
-        """The core `file` of `family` prepared for `ranks` ranks with `options`, once per run."""
+    def _prepared(self, family, ranks: int, seed: int, file: str, options: tuple[str, ...],
+                  part_nbytes: int | None = None) -> Path:
+        """The core `file` of `family` prepared for `ranks` ranks with `options` (weights in parts of
+        `part_nbytes` if given), once per run."""
         if file not in self._cores:
             path = self.shared / file
             checkpoint = self.checkpoint(family, seed)
 
             def prepare() -> None:
                 scratch = path.with_suffix(".partial")
-                assert main([
-                    "prepare", str(checkpoint), "-o", str(scratch), "--key", str(self.key),
-                    "--namespace", NAMESPACE, "--context-tokens", "64", "--prefill-tokens", "16",
-                    "--tensor-parallel", str(ranks), *options,
-                ]) == 0
+                with pytest.MonkeyPatch.context() as patch:
+                    if part_nbytes is not None:
+                        patch.setattr(sharding, "WEIGHT_PART_NBYTES", part_nbytes)
+                    assert main([
+                        "prepare", str(checkpoint), "-o", str(scratch), "--key", str(self.key),
+                        "--namespace", NAMESPACE, "--context-tokens", "64", "--prefill-tokens", "16",
+                        "--tensor-parallel", str(ranks), *options,
+                    ]) == 0
                 scratch.rename(path)
 
             prepared_once(path, path, prepare)

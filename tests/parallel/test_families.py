@@ -114,23 +114,13 @@ def test_two_ranks_generate_what_one_rank_generates(cores, family):
     assert all(len(tokens) == 10 for tokens in two)
 
 
-def test_two_ranks_with_weights_in_parts_generate_what_one_rank_generates(cores, monkeypatch, tmp_path):
-    """Each rank's weights cut into several resources: rank 1 finds its parts by position."""
-    import helios.ignition.sharding as sharding
-    from helios.cli.main import main
-
-    from .conftest import NAMESPACE
-
-    family = LLAMA3  # its checkpoint and reference tokens serve the family test too
-    monkeypatch.setattr(sharding, "WEIGHT_PART_NBYTES", 32 * 1024)
-    path = tmp_path / "parts-tp2.core"
-    assert main(["prepare", str(cores.checkpoint(family)), "-o", str(path), "--key", str(cores.key),
-                 "--namespace", NAMESPACE, "--context-tokens", "64", "--prefill-tokens", "16",
-                 "--decode-batches", "2", "--no-mixed", "--no-logprobs", "--tensor-parallel", "2"]) == 0
-    core = cores.open(path)
+def test_two_ranks_with_weights_in_parts_generate_what_one_rank_generates(cores):
+    """Each rank's weights cut into several resources (conftest prepares Llama 3's two-rank core
+    so): rank 1 finds its parts by position."""
+    core = cores.open(cores.core(LLAMA3, 2))  # its checkpoint and reference tokens serve the family test too
     parts = [info for info in core.resources if info.kind.name == "WEIGHTS"]
     assert len([p for p in parts if p.rank == 1]) == len([p for p in parts if p.rank == 0]) > 2
-    assert greedy_tokens(core) == cores.reference_tokens(family)
+    assert greedy_tokens(core) == cores.reference_tokens(LLAMA3)
 
 
 def _restoring_run(core) -> tuple[list[list[int]], object, list]:
