@@ -182,3 +182,48 @@ def write_truncated_checkpoint(source: Path, directory: Path, num_layers: int) -
         model.config.layer_types = model.config.layer_types[:num_layers]
     model.save_pretrained(directory)
     return directory
+
+
+# The speculative core that test_prepared_core.py (`helios prepare --draft` end to end) and
+# test_served_parity.py (its "allocating" server) both open: the chat checkpoint's Qwen3 weights
+# (seed 3) with their first layer as the draft, widths 1 and 4 allocating prefixes on the device
+# (ceilings of 4 a lane within P = 2 a lane), MIXED steps, scored prefill and token log-probabilities;
+# prepared once per run (one copy for all the xdist workers).
+ALLOCATING_NAMESPACE = "test.helios/speculative"
+ALLOCATING_SERVED_ID = "tiny-chat"
+
+
+@dataclass(frozen=True)
+class AllocatingCore:
+    checkpoint: Path
+    draft: Path
+    core: Path
+    public_key: Path
+
+
+def allocating_core(tmp_path_factory) -> AllocatingCore:
+    from helios.cli.main import main
+    from ignition.hf_checkpoints import QWEN3
+    from support.chat_checkpoint import write_chat_checkpoint
+    from support.shared_prepare import prepared_once, shared_root
+
+    root = shared_root(tmp_path_factory.getbasetemp()) / "speculative-allocating"
+    made = AllocatingCore(root / "checkpoint", root / "draft", root / "model.core", root / "publisher.key.pub")
+    done = root / ".prepared"
+
+    def prepare() -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        write_chat_checkpoint(QWEN3, made.checkpoint, seed=3)
+        write_truncated_checkpoint(made.checkpoint, made.draft, 1)
+        key = root / "publisher.key"
+        assert main(["keygen", "-o", str(key)]) == 0
+        assert main([
+            "prepare", str(made.checkpoint), "-o", str(made.core), "--key", str(key),
+            "--namespace", ALLOCATING_NAMESPACE, "--served-id", ALLOCATING_SERVED_ID,
+            "--context-tokens", "256", "--prefill-tokens", "32", "--decode-batches", "4", "--scored-prefill",
+            "--draft", str(made.draft), "--speculative-widths", "1,4", "--allocate-prefixes", "--packed-per-lane", "2",
+        ]) == 0
+        done.touch()
+
+    prepared_once(root, done, prepare)
+    return made

@@ -3,13 +3,13 @@ the runtime, generating exactly what transformers generates greedily.
 
 The core's wider programs allocate prefixes on the device (ceilings of 4 per lane, P = 2 per lane),
 so the captured allocation, verification and commit run through the real loader, packer, executor
-and completion validation. Startup options select the served width and history drafting.
+and completion validation (the core `support.allocating_core` prepares once per run, which
+test_served_parity.py serves too). Startup options select the served width and history drafting.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,31 +23,19 @@ from helios.core.reader import open_core
 from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
 from helios.runtime.service import RuntimeOptions, build_runtime
-from ignition.hf_checkpoints import QWEN3
-from support.chat_checkpoint import write_chat_checkpoint
 
-from .support import Counting, write_truncated_checkpoint
+from .support import ALLOCATING_NAMESPACE, Counting, allocating_core
 
-NAMESPACE = "test.helios/speculative"
+NAMESPACE = ALLOCATING_NAMESPACE
 PROMPTS = [list(range(3, 43)), [5, 6, 7], [9], [40, 41, 42, 40, 41, 42, 40, 41]]
 MAX_TOKENS = 20
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    root = tmp_path_factory.mktemp("speculative")
-    checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
-    draft = write_truncated_checkpoint(checkpoint, root / "draft", 1)
-    key = root / "publisher.key"
-    assert main(["keygen", "-o", str(key)]) == 0
-    core = root / "model.core"
-    assert main([
-        "prepare", str(checkpoint), "-o", str(core), "--key", str(key), "--namespace", NAMESPACE,
-        "--context-tokens", "128", "--prefill-tokens", "32", "--decode-batches", "4", "--no-mixed",
-        "--draft", str(draft), "--speculative-widths", "1,4", "--allocate-prefixes", "--packed-per-lane", "2",
-        "--no-logprobs",  # no request here asks for log-probabilities
-    ]) == 0
-    return checkpoint, core, Path(str(key) + ".pub")
+    # prepared by `helios prepare --draft ...` once per run; test_served_parity serves it too
+    made = allocating_core(tmp_path_factory)
+    return made.checkpoint, made.core, made.public_key
 
 
 @pytest.fixture(scope="module")

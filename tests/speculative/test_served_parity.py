@@ -8,7 +8,7 @@ learned draft ("learned"), speculating with history drafting too ("history"), `-
 1` (the documented switch that turns speculation off: the reference) and, with
 HELIOS_SPECULATIVE_SWEEP=1, a scheduler that never picks speculative programs ("decode": plain
 DECODE steps); the same weights are also prepared with device prefix allocation (ceilings of 4 a
-lane within P = 2 a lane) and MIXED steps ("allocating").
+lane within P = 2 a lane) and MIXED steps ("allocating": test_prepared_core.py's core, prepared once a run).
 
 Every greedy request below goes to the learned server alone (the history server too with
 HELIOS_SPECULATIVE_SWEEP=1), as JSON and as a stream, and must come back as the reference answers
@@ -43,7 +43,7 @@ import torch
 import transformers
 
 from helios.contract import StartupOptions
-from helios.core.keys import SigningKey, load_signing_key, write_key_pair
+from helios.core.keys import SigningKey, write_key_pair
 from helios.core.reader import open_core
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.ignition.speculative_plan import SpeculativePlan
@@ -56,7 +56,7 @@ from ignition.hf_checkpoints import QWEN3
 from support.chat_checkpoint import write_chat_checkpoint
 from support.sweeps import in_sweep
 
-from .support import Counting, write_truncated_checkpoint
+from .support import ALLOCATING_NAMESPACE, ALLOCATING_SERVED_ID, Counting, allocating_core, write_truncated_checkpoint
 
 NAMESPACE = "test.helios/served-speculation"
 SERVED_ID = "tiny-chat"
@@ -102,8 +102,8 @@ def count_mixed_rounds(executor, into: list) -> None:
     executor.finish = counted
 
 
-def prepare(checkpoint, draft, root, key: SigningKey, speculative: SpeculativePlan, mixed: bool):
-    plan = CapacityPlan(context_tokens=256, prefill_tokens=32, decode_batches=(4,), mixed=mixed, scored_prefill=True,
+def prepare(checkpoint, root, key: SigningKey, speculative: SpeculativePlan):
+    plan = CapacityPlan(context_tokens=256, prefill_tokens=32, decode_batches=(4,), mixed=False, scored_prefill=True,
                         speculative=speculative)
     prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
 
@@ -115,13 +115,13 @@ def checkpoint_and_core(tmp_path_factory):
     draft = write_truncated_checkpoint(checkpoint, root / "draft", 1)
     key = SigningKey.generate()
     write_key_pair(root / "publisher.key", key, [NAMESPACE])
-    prepare(checkpoint, draft, root, key, SpeculativePlan(draft, widths=(1, WIDTH)), mixed=False)
+    prepare(checkpoint, root, key, SpeculativePlan(draft, widths=(1, WIDTH)))
     return checkpoint, draft, root
 
 
-def start_server(root, startup: StartupOptions, policy: SchedulerPolicy = SchedulerPolicy(),
-                 public_key=None) -> Server:
-    opened = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[public_key or root / "publisher.key.pub"])
+def start_server(core, startup: StartupOptions, policy: SchedulerPolicy = SchedulerPolicy(), public_key=None,
+                 accept: str = NAMESPACE) -> Server:
+    opened = open_core(core, accept=accept, trusted_keys=[public_key])
     options = RuntimeOptions(load=LoadOptions(startup=startup), queue_capacity=QUEUE, policy=policy)
     runtime = build_runtime(opened, options)
     counting, mixed_rounds = Counting(), []
@@ -142,24 +142,25 @@ def runner():
 
 @pytest.fixture(scope="module")
 def servers(checkpoint_and_core, tmp_path_factory):
-    checkpoint, draft, root = checkpoint_and_core
+    _, _, root = checkpoint_and_core
     # the same weights prepared with device prefix allocation (ceilings of 4 a lane within P = 2 a
     # lane: a lane's length depends on the others' confidence) and MIXED steps (decoding lanes
-    # take one plain token beside a prompt)
-    allocating = tmp_path_factory.mktemp("allocating")
-    prepare(checkpoint, draft, allocating, load_signing_key(root / "publisher.key"),
-            SpeculativePlan(draft, widths=(1, WIDTH), allocate_prefixes=True, packed_per_lane=2), mixed=True)
+    # take one plain token beside a prompt): test_prepared_core's core (support.allocating_core)
+    allocating = allocating_core(tmp_path_factory)
+    assert ALLOCATING_SERVED_ID == SERVED_ID
+    here = (root / "model.core", root / "publisher.key.pub", NAMESPACE)
     configurations = {
-        "learned": (root, StartupOptions(), SchedulerPolicy()),
-        "history": (root, StartupOptions(history_drafting=True), SchedulerPolicy()),
-        REFERENCE: (root, StartupOptions(speculative_width=1), SchedulerPolicy()),
-        **({"decode": (root, StartupOptions(), SchedulerPolicy(speculative=False))} if PLAIN else {}),
-        ALLOCATING: (allocating, StartupOptions(), SchedulerPolicy()),
+        "learned": (here, StartupOptions(), SchedulerPolicy()),
+        "history": (here, StartupOptions(history_drafting=True), SchedulerPolicy()),
+        REFERENCE: (here, StartupOptions(speculative_width=1), SchedulerPolicy()),
+        **({"decode": (here, StartupOptions(), SchedulerPolicy(speculative=False))} if PLAIN else {}),
+        ALLOCATING: ((allocating.core, allocating.public_key, ALLOCATING_NAMESPACE), StartupOptions(),
+                     SchedulerPolicy()),
     }
     started = {}
     try:
-        for name, (core_root, startup, policy) in configurations.items():
-            started[name] = start_server(core_root, startup, policy, root / "publisher.key.pub")
+        for name, ((core, public_key, accept), startup, policy) in configurations.items():
+            started[name] = start_server(core, startup, policy, public_key, accept)
         yield started
     finally:
         for server in started.values():
