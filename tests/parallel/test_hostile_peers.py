@@ -265,17 +265,34 @@ def test_a_stop_signal_while_joining_ends_the_rank_with_one_line(cores, how, cod
     assert lines == [f"helios rank: stopped by {how.name}"]
 
 
+def _rank_outcome(core, *options: str) -> tuple[int, str]:
+    """The exit status and line `helios rank` ends with (its worker's outcome, run in this process:
+    the process's exit with them is test_a_rank_whose_rank_zero_dies_exits_with_its_status's)."""
+    import argparse
+
+    from helios.cli import rank_cmd
+
+    parser = argparse.ArgumentParser(prog="helios")
+    rank_cmd.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["rank", str(core), *options])
+    rank_cmd._check_options(args)
+    outcome: list = []
+    rank_cmd._serve(args, outcome)
+    (result,) = outcome
+    return result
+
+
 def test_a_core_for_one_rank_or_signed_by_an_untrusted_key_is_one_line(cores, tmp_path):
-    status, lines = _ended(_rank(cores.core(QWEN3, 1), "--join", "127.0.0.1:9", "--join-timeout", "1",
-                                 *cores.cli_trust()))
-    assert status == 8 and len(lines) == 1 and "prepared for one rank" in lines[0]
+    status, line = _rank_outcome(cores.core(QWEN3, 1), "--join", "127.0.0.1:9", "--join-timeout", "1",
+                                 *cores.cli_trust())
+    assert status == 8 and "\n" not in line and "prepared for one rank" in line
     stranger = tmp_path / "stranger.key"
     from helios.cli.main import main
 
     assert main(["keygen", "-o", str(stranger)]) == 0
-    status, lines = _ended(_rank(cores.core(QWEN3, 2), "--join", "127.0.0.1:9", "--accept", NAMESPACE, "--trust",
-                                 f"{stranger}.pub"))
-    assert status == 6 and len(lines) == 1 and "no trusted key" in lines[0]
+    status, line = _rank_outcome(cores.core(QWEN3, 2), "--join", "127.0.0.1:9", "--accept", NAMESPACE, "--trust",
+                                 f"{stranger}.pub")
+    assert status == 6 and "\n" not in line and "no trusted key" in line
 
 
 _RANK_ZERO = """
