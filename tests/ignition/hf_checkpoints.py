@@ -151,7 +151,7 @@ PHI3_MINI = Family("phi3-mini", transformers.Phi3Config, (
                                                                                 "rope_theta": 10000.0}), *PHI3_IDS,
 ))
 # Phi-3 (tests/ignition/test_phi3_recipe.py). Partial rotary: 12 of each head's 16 dims rotate (6 pairs); the
-# original context outlasts every sequence of test_equivalence (14 prompt + 64 new tokens), so the reference keeps
+# original context outlasts every sequence of test_equivalence (14 prompt + 32 new tokens), so the reference keeps
 # its short factors.
 PHI4_MINI = Family("phi4-mini", transformers.Phi3Config, (
     ("partial_rotary_factor", 0.75), ("original_max_position_embeddings", 128), ("tie_word_embeddings", True),
@@ -594,7 +594,7 @@ OLMO1 = Family("olmo1", transformers.OlmoConfig, (
     ("rope_parameters", {"rope_type": "default", "rope_theta": 1000.0}), *PHI3_IDS,
 ))
 # Ministral 3 (tests/ignition/test_ministral3_recipe.py): queries scaled by 1 + 0.5 log(1 + floor(p / 16)) after a YaRN
-# rope over an original context of 16 (the prompts and their continuations pass it several times), untied.
+# rope over an original context of 16 (the prompts and their continuations pass it, batched ones twice), untied.
 MINISTRAL3 = Family("ministral3", transformers.Ministral3Config, (
     ("head_dim", 16), ("tie_word_embeddings", False),
     ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1000.0, "factor": 32.0, "original_max_position_embeddings": 16,

@@ -2,8 +2,8 @@
 random float32 checkpoints: latent attention over the positions DeepSeek Sparse Attention's indexer
 selects (`helios.ignition.token_indexer`).
 
-``index_topk`` is 6 (GLM-5: 5), so the prompts here (up to 14 tokens) and their 64 greedy tokens are
-truly sparse: a query keeps 6 of up to 78 positions. GLM-5's second layer reuses the first layer's
+``index_topk`` is 6 (GLM-5: 5), so the prompts here (up to 14 tokens) and their 16-32 greedy tokens are
+truly sparse: a query keeps 6 of up to 46 positions. GLM-5's second layer reuses the first layer's
 selection ("shared"), and its indexer rotates interleaved pairs. Prefill logits, scored
 log-probabilities, greedy tokens (single, a continuous batch prefilled in chunks of 8 beside decode
 rows, a prompt continuing from cached prefix pages) equal the reference's (test_equivalence's checks

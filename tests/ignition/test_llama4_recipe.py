@@ -4,7 +4,7 @@ The shape (tests/ignition/hf_checkpoints.py LLAMA4): four layers alternating RoP
 over chunks of 8 positions, L2 q/k norms after the interleaved-pair rotation) and NoPE layers (full attention,
 the queries scaled by the temperature tuning with floor_scale 4, so the factor changes every 4 positions),
 dense and sparse MLPs interleaved (4 experts, top-2 sigmoid weights on the experts' inputs, a shared expert).
-Prompts of 13-14 tokens and 64 generated tokens cross many chunk boundaries. Prefill logits, scored
+Prompts of 13-14 tokens and 16-32 generated tokens cross many chunk boundaries. Prefill logits, scored
 log-probabilities and greedy tokens (single, batched, from cached prefix pages) equal the reference's
 (test_equivalence's checks and tolerances); a served core does too; each new switch matters; the multimodal
 checkpoint prepares its text decoder; unsupported settings are refused by name.

@@ -1,8 +1,8 @@
 """The Ministral 3 text recipe against transformers' Ministral3ForCausalLM on a tiny random float32 checkpoint.
 
 The shape (tests/ignition/hf_checkpoints.py): a YaRN rope over an original context of 16 and Llama 4's query
-scaling with beta 0.5 (the prompts and their continuations pass 16 several times), untied. Prefill logits, scored
-log-probabilities and greedy tokens (single, batched, from cached prefix pages) equal the reference's
+scaling with beta 0.5 (the prompts and their continuations pass 16, batched ones 32 too), untied. Prefill logits,
+scored log-probabilities and greedy tokens (single, batched, from cached prefix pages) equal the reference's
 (test_equivalence's checks and tolerances); the query scaling matters; a config.json without rope settings takes
 Ministral3Config's; unsupported settings are refused by name.
 """
