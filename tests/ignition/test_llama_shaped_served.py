@@ -1,6 +1,7 @@
 """The decoder switches the newer Llama-shaped families added, prepared into signed cores and served
 through the runtime on the C++ kernels, against transformers in float32: SmolLM3 (NoPE layers, a
-sliding NoPE layer) and Hunyuan dense (q/k norms after the rotation, NTK-alpha rope). Two batched
+sliding NoPE layer) and, with HELIOS_FAMILY_SERVED_SWEEP=1, Hunyuan dense (q/k norms after the rotation,
+NTK-alpha rope; test_hunyuan_moe_recipe serves them by default). Two batched
 prompts (one past the 32-token prefill capacity: chunked) and a continuation of the longer one
 served from the prefix cache give the reference's greedy tokens and logits. (Ernie 4.5 is served
 by tests/parallel/test_config_fuzz_ranks' suite seed; Granite's and Seed-OSS's programs use no
@@ -21,6 +22,7 @@ from helios.runtime.loading.model import LoadOptions
 from helios.runtime.offline import generate
 from helios.runtime.service import RuntimeOptions, build_runtime
 from support.runtime_runs import record_logits
+from support.sweeps import in_sweep
 
 from .hf_checkpoints import HUNYUAN, SMOLLM3, Family, random_model, write_checkpoint
 from .test_config_fuzz_served import write_frontend_files
@@ -85,6 +87,9 @@ def check_served_core(root: Path, family: Family, prompt_lens: tuple[int, ...] =
         assert worst < TOLERANCE, f"prompt of {len(prompt)} tokens: logits differ by {worst:.2e}"
 
 
-@pytest.mark.parametrize("family", (SMOLLM3, HUNYUAN), ids=lambda family: family.name)
+# Hunyuan dense with HELIOS_FAMILY_SERVED_SWEEP=1: by default test_hunyuan_moe_recipe serves its attention
+# (the same heads, biases, q/k norms after the rotation and NTK-alpha rope) under a mixture.
+@pytest.mark.parametrize("family", in_sweep("HELIOS_FAMILY_SERVED_SWEEP", (SMOLLM3,), (HUNYUAN,)),
+                         ids=lambda family: family.name)
 def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path, family):
     check_served_core(tmp_path, family)
