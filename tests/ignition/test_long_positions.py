@@ -8,12 +8,12 @@ several times that: a prompt shorter than the original context that generates pa
 threshold crossed in decode), a prompt of about five times it prefilled in chunks whose edges fall
 inside a window and off or on a page edge, and a continuation served from the first sequence's
 cached pages (a prefix hit) that starts past it. Each must give transformers' float32 greedy tokens
-and the logits behind them within `TOLERANCE` (eager programs through the test driver, and for two
-variants the served core on the C++ kernels). Rope types whose frequencies depend on the current
-sequence length ("dynamic" NTK, and "longrope", which switches from short to long factors once
-``max(position_ids) + 1`` passes ``original_max_position_embeddings``) are refused by every recipe
-with a typed `CheckpointError` naming the type, but Phi-3's, which fixes the LongRoPE list by the
-served context (tests/ignition/test_phi3_recipe.py).
+and the logits behind them within `TOLERANCE` (eager programs through the test driver, and for one
+variant, two with HELIOS_LONG_POSITION_SWEEP=1, the served core on the C++ kernels). Rope types whose
+frequencies depend on the current sequence length ("dynamic" NTK, and "longrope", which switches from
+short to long factors once ``max(position_ids) + 1`` passes ``original_max_position_embeddings``) are
+refused by every recipe with a typed `CheckpointError` naming the type, but Phi-3's, which fixes the
+LongRoPE list by the served context (tests/ignition/test_phi3_recipe.py).
 
 ``HELIOS_LONG_POSITION_SEEDS`` (default 2) sets how many of test_config_fuzz's draws per family
 also run at long positions with drawn prompt lengths and chunk sizes.
@@ -31,6 +31,7 @@ import transformers
 
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.recipes import load_checkpoint
+from support.sweeps import in_sweep
 
 from .driver import PagedModel, Sequence, generate
 from .test_config_fuzz import (_DEEPSEEK, _GLM, _TINY, DRAWS, PAGE_TOKENS, Variant, _materialize, _programs,
@@ -187,7 +188,10 @@ SERVED_PLAN_PAGE_TOKENS = 8
 # 20-token prefill chunks: their edges fall inside every window, off a page edge (20, 60, ...) and on one (40, 80)
 SERVED_PLAN = dict(page_tokens=SERVED_PLAN_PAGE_TOKENS, context_tokens=256, prefill_tokens=20, decode_batches=(4,),
                    prefill_chunks=(8,), token_logprobs=False)
-SERVED = ("gpt_oss-yarn-sinks-window-6", "qwen2-yarn-mscale-sliding-layers")
+# Qwen2's variant served with HELIOS_LONG_POSITION_SWEEP=1: GPT-OSS's core serves the same path by default (a
+# yarn rope with its attention factor, a sliding layer then a full one past their window); Qwen2's mscale rule is
+# the prepared rope table, which test_long_positions_match_the_reference[qwen2-yarn-mscale-sliding-layers] checks.
+SERVED = in_sweep("HELIOS_LONG_POSITION_SWEEP", ("gpt_oss-yarn-sinks-window-6",), ("qwen2-yarn-mscale-sliding-layers",))
 
 
 def prepare_long_served(variant: Variant, root: Path):
