@@ -6,21 +6,26 @@ from __future__ import annotations
 
 import pytest
 
+from helios.cli.main import main
 from helios.runtime.offline import generate
-from ignition.hf_checkpoints import LLAMA3_UNTIED
-from speculative.support import Counting
+from ignition.hf_checkpoints import QWEN3
+from speculative.support import Counting, write_truncated_checkpoint
 
-from .conftest import MAX_TOKENS, PROMPTS, running
-
-FAMILY = LLAMA3_UNTIED
+from .conftest import MAX_TOKENS, NAMESPACE, PROMPTS, running
 
 
 @pytest.fixture(scope="module")
 def draft_core(cores):
-    """test_stress_ranks' speculative two-rank core (widths 1 and 4, prefixes allocated within P = 2 a lane)."""
-    from .test_stress_ranks import speculative_core
-
-    return speculative_core(cores, FAMILY)
+    checkpoint = cores.checkpoint(QWEN3)
+    draft = write_truncated_checkpoint(checkpoint, cores.root / "qwen3-draft", 1)
+    core = cores.root / "qwen3-draft-tp2.core"
+    assert main([
+        "prepare", str(checkpoint), "-o", str(core), "--key", str(cores.key), "--namespace", NAMESPACE,
+        "--context-tokens", "64", "--prefill-tokens", "16", "--decode-batches", "2", "--no-mixed",
+        "--draft", str(draft), "--speculative-widths", "1,4", "--allocate-prefixes", "--packed-per-lane", "2",
+        "--tensor-parallel", "2", "--no-logprobs",  # no request here asks for log-probabilities
+    ]) == 0
+    return core
 
 
 def test_two_ranks_speculate_what_one_rank_decodes(cores, draft_core):
@@ -29,5 +34,5 @@ def test_two_ranks_speculate_what_one_rank_decodes(cores, draft_core):
         counting.wrap(runtime.engine.executor)
         results = generate(runtime.engine, PROMPTS, MAX_TOKENS)
     assert [r.finish_reason.name for r in results] == ["LENGTH"] * len(PROMPTS), [r.message for r in results]
-    assert [list(r.token_ids) for r in results] == cores.reference_tokens(FAMILY)
+    assert [list(r.token_ids) for r in results] == cores.reference_tokens(QWEN3)
     assert counting.rounds > 0 and counting.accepted > 0  # allocation ran on broadcast confidence

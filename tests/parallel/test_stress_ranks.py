@@ -51,8 +51,7 @@ from runtime.stress import DECODE, FAULT, INGRESS, PROMPT, SPECULATING, TOKENS, 
 from .conftest import FAST, MAX_TOKENS, PROMPTS, running
 
 # The dense family's cores: small pages (prefix reuse and preemption at a 4-token grain), four
-# lanes, scored prefill; its two-rank core speculates (width 4, allocating prefixes) with its first layer as the
-# draft.
+# lanes, scored prefill; its two-rank core speculates (width 4) with its first layer as the draft.
 DENSE_CORE = ("--page-tokens", "4", "--decode-batches", "4", "--no-mixed", "--scored-prefill")
 
 
@@ -91,16 +90,8 @@ def _core(cores, case: Case, ranks: int):
         return cores.open(cores.core(case.family, ranks))
     if ranks == 1:
         return cores.open(cores.custom_core(case.family, 1, "stress", DENSE_CORE))
-    return cores.open(speculative_core(cores, case.family))
-
-
-def speculative_core(cores, family):
-    """The dense family's two-rank core speculating with its first layer as the draft: widths 1 and 4 (the
-    runtime serves 4), prefixes allocated on the device (ceilings of 4 a lane within P = 2 a lane); also
-    test_speculative's."""
-    draft = ("--draft", str(cores.draft_checkpoint(family)), "--speculative-widths", "1,4", "--allocate-prefixes",
-             "--packed-per-lane", "2")
-    return cores.custom_core(family, 2, "stress-draft", DENSE_CORE + draft)
+    draft = ("--draft", str(cores.draft_checkpoint(case.family)), "--speculative-widths", "4")
+    return cores.open(cores.custom_core(case.family, ranks, "stress-draft", DENSE_CORE + draft))
 
 
 @pytest.fixture(scope="module")
