@@ -37,8 +37,7 @@ import pytest
 
 from helios.server.app import create_app
 from support.asgi_scope import post_scope
-from support.server_core import NAMESPACE, SERVED_ID, TinyCore
-from support.shared_prepare import prepared_once, shared_root
+from support.server_core import SERVED_ID, TinyCore, tiny_core
 from test_choice_stream import stream as raw_stream  # tests/server is on sys.path (no package)
 from test_slow_reader import eventually
 
@@ -55,27 +54,10 @@ SEED_EDGE = 2**63 - 2  # choice 2 of a request with this seed samples with -2**6
 
 
 def _scored_core(base) -> TinyCore:
-    from helios.core.keys import SigningKey, write_key_pair
-    from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
-    from ignition.hf_checkpoints import QWEN3
-    from support.chat_checkpoint import write_chat_checkpoint
+    from helios.ignition.export import CapacityPlan
 
-    root = shared_root(base) / "helios-batched-core"
-    core = TinyCore(root / "model.core", root / "publisher.key.pub")
-
-    def prepare() -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        key = SigningKey.generate()
-        write_key_pair(root / "publisher.key", key, [NAMESPACE])
-        checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
-        plan = CapacityPlan(context_tokens=CONTEXT_TOKENS, prefill_tokens=32, decode_batches=(1, 4, 8),
-                            scored_prefill=True)
-        scratch = root / "model.core.partial"
-        prepare_core(checkpoint, scratch, key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
-        scratch.rename(core.path)
-
-    prepared_once(root, core.path, prepare)
-    return core
+    return tiny_core(base, "helios-batched-core", CapacityPlan(context_tokens=CONTEXT_TOKENS, prefill_tokens=32,
+                                                               decode_batches=(1, 4, 8), scored_prefill=True))
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,7 @@ from helios.core.reader import open_core
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.service import ServedModel
 from support.logprob_runs import transformers_logprob_table
-from support.server_core import NAMESPACE, SERVED_ID, TinyCore, openai_client, tiny_core
-from support.shared_prepare import prepared_once, shared_root
+from support.server_core import SERVED_ID, TinyCore, openai_client, tiny_core
 
 TOLERANCE = 1e-4
 TOP = 3
@@ -26,31 +25,13 @@ LONG_PROMPT = [(7 * i) % 300 + 10 for i in range(40)]  # three scored-prefill st
 
 
 def _scored_core(base: Path) -> TinyCore:
-    """The tiny core's checkpoint prepared with scored prefill, once per run under `base` (pytest's
-    base directory) for every module and xdist worker that asks (test_echo_offsets and
-    test_full_context_scores too)."""
-    from helios.core.keys import SigningKey, write_key_pair
-    from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
-    from ignition.hf_checkpoints import QWEN3
-    from support.chat_checkpoint import write_chat_checkpoint
+    """The tiny core's checkpoint prepared with scored prefill, once per run (test_echo_offsets and
+    test_full_context_scores serve it too). One decode batch, no mixed step: the requests here come one
+    at a time."""
+    from helios.ignition.export import CapacityPlan
 
-    root = shared_root(base) / "scored-core"
-    core = TinyCore(root / "model.core", root / "publisher.key.pub")
-
-    def prepare() -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        key = SigningKey.generate()
-        write_key_pair(root / "publisher.key", key, [NAMESPACE])
-        checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
-        # One decode batch, no mixed step: the requests here come one at a time.
-        plan = CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS, decode_batches=(1,), mixed=False,
-                            scored_prefill=True)
-        scratch = root / "model.core.partial"
-        prepare_core(checkpoint, scratch, key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
-        scratch.rename(core.path)
-
-    prepared_once(root, core.path, prepare)
-    return core
+    return tiny_core(base, "scored-core", CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS,
+                                                       decode_batches=(1,), mixed=False, scored_prefill=True))
 
 
 def _serve(core: TinyCore):

@@ -96,13 +96,16 @@ class TinyCore:
     served_id: str = SERVED_ID
 
 
-def tiny_core(base: Path) -> TinyCore:
+def tiny_core(base: Path, name: str = "helios-server-core", plan=None) -> TinyCore:
+    """The tiny Qwen3 chat checkpoint prepared under `plan` (a CapacityPlan; by default CONTEXT_TOKENS of context,
+    32-token prefill steps, decode batches 1, 4 and 8), once per run in the directory `name` under `base`'s
+    shared root, for every module and xdist worker that asks."""
     from helios.core.keys import SigningKey, load_signing_key, write_key_pair
     from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
     from ignition.hf_checkpoints import QWEN3
     from support.chat_checkpoint import write_chat_checkpoint
 
-    root = shared_root(base) / "helios-server-core"
+    root = shared_root(base) / name
     core = TinyCore(root / "model.core", root / "publisher.key.pub")
 
     def prepare() -> None:
@@ -114,9 +117,9 @@ def tiny_core(base: Path) -> TinyCore:
         else:
             key = SigningKey.generate()
             write_key_pair(key_path, key, [NAMESPACE])
-        plan = CapacityPlan(context_tokens=CONTEXT_TOKENS, prefill_tokens=32, decode_batches=(1, 4, 8))
+        capacities = plan or CapacityPlan(context_tokens=CONTEXT_TOKENS, prefill_tokens=32, decode_batches=(1, 4, 8))
         scratch = root / "model.core.partial"
-        prepare_core(checkpoint, scratch, key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
+        prepare_core(checkpoint, scratch, key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=capacities))
         scratch.rename(core.path)
 
     prepared_once(root, core.path, prepare)
