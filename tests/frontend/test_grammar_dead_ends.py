@@ -412,6 +412,26 @@ def test_a_json_schema_whose_first_member_cannot_complete_is_accepted():
     assert "reaches a dead end" in alone and "cannot spell" in alone
 
 
+def self_referencing_arrays(alternatives: int) -> GrammarRequest:
+    return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({"anyOf": [
+        {"type": "array", "items": {"$ref": "#"}, "maxItems": i + 1} for i in range(alternatives)] + [{"type": "integer"}]}))
+
+
+def test_a_limit_met_by_a_first_token_off_the_walk_refuses_the_grammar():
+    """The walk takes the lowest ids (a digit or "-", which open few parser items); "[" opens 2944
+    items under 128 self-referencing array alternatives, past the 2000 a row holds. The check
+    passed the schema and a sampled "[" ended the request with a 500 before any output; now it is
+    refused. With 64 alternatives, "[" and four more nested ones stay within the limits."""
+    compiler, _ = small_vocabulary_compiler()
+    refused = verdict(compiler, self_referencing_arrays(128))
+    assert "exceeds llguidance's limits" in refused and "Current row has" in refused
+    matcher = compiler.compile(self_referencing_arrays(64))
+    opener = next(t for t in range(compiler.mask_words * 32) if compiler.token_bytes(t) == b"[")
+    for _ in range(5):
+        matcher.bitmask()
+        assert matcher.consume_token(opener) and not matcher.is_error
+
+
 def test_allowed_ids_and_branches_read_the_mask_layout():
     rng = np.random.default_rng(4)
     vocabulary = BranchVocabulary(frozenset({3}), np.array([-1, 97, 97, 98, -1, 97, 99, 98], dtype=np.int16),

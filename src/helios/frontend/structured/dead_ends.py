@@ -60,6 +60,10 @@ REFUSED_TOKEN = "doesn't satisfy the grammar"
 ENDLESS_ITEMS, ENDLESS_WHERE = "Too many items", "ff_tokens"
 
 
+# Allowed special tokens (EOS aside) `first_token_limit` tries at the answer's start.
+FIRST_TOKEN_SPECIALS = 64
+
+
 # Bytes no UTF-8 text holds (llguidance's grammars are over text): a vocabulary may lack them
 # (llguidance reserves 0xFF to mark special tokens).
 _NEVER_IN_UTF8 = frozenset([0xC0, 0xC1, *range(0xF5, 0x100)])
@@ -262,6 +266,36 @@ def _next(stack: list[_Level], path: _Path, vocabulary: Callable[[], BranchVocab
         if path.ids:
             path.back()
     return None
+
+
+def first_token_limit(start: llguidance.LLMatcher, mask_words: int, vocabulary: Callable[[], BranchVocabulary]) -> str:
+    """llguidance's error for the first of the answer's first tokens that meets a limit when it is
+    consumed, "" when none does (`start` is the answer's start and is not changed). The walk takes
+    only the lowest ids, but a sampled output may start with any allowed token: ``[`` can open more
+    parser items than a row holds where a digit opens few (128 self-referencing array alternatives).
+    One token per first byte is tried (the lowest allowed id spelled from it, a plain token, so at
+    most 256) and each allowed special token but EOS, at most `FIRST_TOKEN_SPECIALS`: a limit met
+    deeper, or by a longer token than its byte's, is left to the runtime backstop. A dead end, a
+    refused token or endless forced text is the walk's business, not a limit here."""
+    mask = np.empty(mask_words, dtype=np.int32)
+    probe = start.deep_copy()
+    probe.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+    if probe.is_error():
+        return ""  # the walk met it at the same mask
+    known = vocabulary()
+    allowed = allowed_ids(mask, len(known.first_bytes))
+    allowed = allowed[~np.isin(allowed, list(known.eos_ids))]
+    first = known.first_bytes[allowed]
+    plain = allowed[first >= 0]
+    _, lowest = np.unique(first[first >= 0], return_index=True)  # allowed is ascending: the lowest of each byte
+    for token_id in [*plain[lowest].tolist(), *allowed[first < 0][:FIRST_TOKEN_SPECIALS].tolist()]:
+        probe = start.deep_copy()
+        if probe.consume_token(token_id) and not probe.is_error():
+            continue
+        error = probe.get_error()
+        if not (is_dead_end(error) or REFUSED_TOKEN in error or is_endless(error)):
+            return error
+    return ""
 
 
 def _verdict(live: bool, dead: bool, exhaustive: bool, endless: str) -> WalkResult:

@@ -9,8 +9,9 @@ row with `fill_bitmask` and, after the completion, advances with `consume_token`
 
 Limits: llguidance builds lexer states lazily, so a grammar can construct fine and exceed `LIMITS`
 only when a mask or a token needs those states. Compiling therefore also checks (`check`) the answer
-grammar where it hurts most, right after a reasoning section (`PROBE_LARK`): its first masks and a
-few tokens along the lowest allowed ids must stay out of llguidance's limits, and where that walk
+grammar where it hurts most, right after a reasoning section (`PROBE_LARK`): its first masks, a
+few tokens along the lowest allowed ids and each first token an output may start with (one per
+first byte, `dead_ends.first_token_limit`) must stay out of llguidance's limits, and where that walk
 meets a dead end the check searches other tokens for an output that completes (`dead_ends`: it
 refuses a grammar only when every output it explored, all there are, dead-ends; within a bound of
 masks per check, past which it passes the grammar); and the request's own matcher must compute its
@@ -69,8 +70,8 @@ import numpy as np
 from helios.errors import RequestError
 from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.preparation.prompt import ReasoningState
-from helios.frontend.structured.dead_ends import (REFUSED_TOKEN, BranchVocabulary, SearchBudget, is_dead_end,
-                                                  is_endless, walk)
+from helios.frontend.structured.dead_ends import (REFUSED_TOKEN, BranchVocabulary, SearchBudget, first_token_limit,
+                                                  is_dead_end, is_endless, walk)
 from helios.frontend.structured.grammar_shapes import SUBSCHEMA_KEYS, SUBSCHEMA_MAPS, schema_shape_error
 
 MASK_WORD_BITS = 32
@@ -90,7 +91,8 @@ PROBE_LARK = "start: probe_text <[{token_id}]> @" + ANSWER_GRAMMAR + "\nprobe_te
 PROBE_TOKENS = 3  # answer tokens the check's walk consumes first (the lowest allowed ids)
 # Masks one check may compute past those walks, for all its grammars together, searching past a dead
 # end for an output that completes (`dead_ends`; a token refused when consumed counts as a mask): a
-# check computes at most (grammars + PATTERN_PROBES) * (1 + PROBE_TOKENS) + DEAD_END_MASKS masks.
+# check computes at most (grammars + PATTERN_PROBES) * (2 + PROBE_TOKENS) + DEAD_END_MASKS masks (the
+# second: `first_token_limit`'s, which then consumes at most 256 + FIRST_TOKEN_SPECIALS tokens on copies).
 DEAD_END_MASKS = 48
 VERDICT_CACHE = 256  # checks (a grammar, or a request's tool schemas together) whose verdict the compiler keeps
 # Distinct schema patterns one check probes on their own (about 1.5 ms each with a 128k vocabulary):
@@ -409,7 +411,8 @@ class GrammarCompiler:
         """The check's verdict on one grammar (its message "" when it passes). After the first mask
         and the probe token, `dead_ends.walk` walks the answer's first tokens and searches past a
         dead end: at most 1 + PROBE_TOKENS masks plus those it takes from the check's `SearchBudget`
-        (none for a pattern probed alone)."""
+        (none for a pattern probed alone). Once the walk passes, each first token of the answer
+        (one per first byte) is consumed on a copy: a limit met there refuses the grammar too."""
         shape = shape_error(request)
         if shape:
             return ProbeVerdict(f"invalid {request.kind.value} grammar: {shape}")
@@ -430,9 +433,10 @@ class GrammarCompiler:
         result = walk(matcher._matcher, self.mask_words, self._eos_ids, self._branch_vocabulary,
                       walk_masks=PROBE_TOKENS, budget=_CHECK_BUDGET.get(None) or SearchBudget(DEAD_END_MASKS),
                       by_bytes=by_bytes)
-        if not result.error:
-            return ProbeVerdict()
-        return ProbeVerdict(f"the {request.kind.value} grammar {failure_reason(result.error)}", result.dead_end)
+        if result.error:
+            return ProbeVerdict(f"the {request.kind.value} grammar {failure_reason(result.error)}", result.dead_end)
+        limit = first_token_limit(matcher._matcher, self.mask_words, self._branch_vocabulary)
+        return ProbeVerdict(f"the {request.kind.value} grammar {failure_reason(limit)}" if limit else "")
 
     def _branch_vocabulary(self) -> BranchVocabulary:
         if self._branches is None:  # racing threads build the same value
