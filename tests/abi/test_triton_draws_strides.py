@@ -86,13 +86,18 @@ def test_values_with_strided_ids_are_refused():
 
 def test_seeded_choices_with_the_kernel_draw_the_reference_tokens(monkeypatch):
     """The runtime's seeded choices (`runtime.test_prompt_sharing_runtime`, a batch of four rows) with
-    the CPU program's sampling replaced by the CUDA path (`sample_with_kernel`, on CUDA where there is
-    one): the CPU's tokens. The program's parameter columns reach the kernels as strided views."""
+    one): the CPU's tokens. The program's parameter columns reach the kernels as strided views. Three
+    tokens a choice (the prompt's step and two decode steps; the runtime test generates ten): each step
+    samples the four rows through the same kernels, and the interpreter takes about a second a step."""
     import helios.abi.cpu_bodies as cpu_bodies
     import helios.abi.sampling as sampling
+    import runtime.test_prompt_sharing_runtime as sharing
     from runtime.test_prompt_sharing_runtime import SAMPLED, run_choices
 
+    monkeypatch.setattr(sharing, "MAX_TOKENS", 3)
+
     expected = run_choices(4, SAMPLED)[0]
+    assert [len(tokens) for tokens in expected] == [3] * 4 and len(set(map(tuple, expected))) > 1  # rows draw
 
     def kernel_sample(logits, params, penalties, counts, grammar_mask, mask_rows, draws=True):
         on_device = [t.to(DEVICE) for t in (logits, *params, penalties, *counts, grammar_mask, mask_rows)]
