@@ -1,6 +1,7 @@
 """Projections through oneDNN's packed weights in compiled CPU programs
 (`helios.runtime.loading.packed_linears`): the same products within float rounding, the choice per
-shape, and a compiled program whose projections are all packed gives the eager program's tokens."""
+shape. A compiled program whose projections are all packed gives the eager program's tokens: the
+compiled program of tests/runtime/test_program_compile.py (one Inductor compile serves both files)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,7 @@ import pytest
 import torch
 
 from helios.runtime.loading import packed_linears
-from helios.runtime.loading.cpu_programs import cpu_program
 from helios.runtime.loading.packed_linears import pack_linears, packed_linear
-from helios.runtime.loading.program_compile import compile_program
-from runtime.test_cpu_fast import _inputs, _program, _steps, _weights
 
 pytestmark = pytest.mark.skipif(not packed_linears.available(), reason="this torch build has no oneDNN")
 
@@ -70,25 +68,3 @@ def test_only_float32_input_weights_over_static_2d_inputs_are_packed():
     assert torch.equal(wide, torch.nn.functional.linear(real["wide"], real["other"]))
     torch.testing.assert_close(got, torch.nn.functional.linear(real["x"], real["weight"]), rtol=1e-5, atol=1e-5)
     assert pack_linears(torch.nn.Module(), _linear_graph(), real, values, shared, pays=lambda *a: False) == 0
-
-
-@pytest.mark.slow  # Inductor compiles the decoder's segments with g++: about 13-30 s on a 2-core machine
-def test_a_compiled_program_with_every_projection_packed_gives_the_eager_tokens(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(packed_linears, "packing_pays", lambda rows, weight, bias: True)
-    program = cpu_program(_program())
-    weights, inputs = _weights(), _inputs(0)
-    module = compile_program(program, [weights, *inputs])
-    packed = [n for n in module.graph.nodes if n.op == "call_function" and n.target is packed_linear]
-    assert len(packed) == 2 * 3 + 1  # qkv, gate/up and down of both layers, and the head
-    steps = [_inputs(step) for step in range(4)]
-    expected = _steps(_program(), _weights(), _inputs(0), steps)
-    program.use_compiled(module, (*weights, *inputs))
-    got = _steps(program, weights, inputs, steps)
-    for got_step, expected_step in zip(got, expected):
-        record, logits, k_cache, v_cache, counts = got_step
-        assert torch.equal(record, expected_step[0])  # tokens, lengths: exact
-        torch.testing.assert_close(logits, expected_step[1], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(k_cache, expected_step[2], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(v_cache, expected_step[3], rtol=1e-5, atol=1e-6)
-        assert torch.equal(counts, expected_step[4])

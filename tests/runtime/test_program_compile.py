@@ -16,11 +16,12 @@ from helios.abi import cpu_bodies
 from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
 from helios.contract import StartupOptions
 from helios.errors import LoadError
-from helios.runtime.loading import cache_write_kernel, decode_attention_kernel, program_compile
+from helios.runtime.loading import cache_write_kernel, decode_attention_kernel, packed_linears, program_compile
 from helios.runtime.loading.compile_segments import (
     compiled_runs, is_compiled, is_free, rotate, segment_graph,
 )
 from helios.runtime.loading.cpu_programs import cpu_program
+from helios.runtime.loading.packed_linears import packed_linear
 from helios.runtime.loading.program_compile import ProgramCompileError, compile_program, compile_programs
 from runtime.test_cpu_fast import _inputs, _program, _steps, _weights
 
@@ -89,12 +90,16 @@ def test_a_compiled_call_never_moves_before_an_opaque_write_of_what_it_reads():
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """A `CpuProgram` of the test decoder, its fast graph compiled with Inductor (cache in a temp dir)."""
+    """A `CpuProgram` of the test decoder, its fast graph compiled with Inductor (cache in a temp dir),
+    every projection through oneDNN's packed weights where this torch build has them (one compile
+    serves both: where packing pays is measured per shape, tests/runtime/test_packed_linears.py)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
         program = cpu_program(_program())
         weights, inputs = _weights(), _inputs(0)
-        module = compile_program(program, [weights, *inputs])
+        with pytest.MonkeyPatch.context() as packing:
+            packing.setattr(packed_linears, "packing_pays", lambda rows, weight, bias: True)
+            module = compile_program(program, [weights, *inputs])
         yield program, module, weights, inputs
 
 
@@ -104,6 +109,9 @@ def test_a_compiled_program_gives_the_eager_tokens_and_logits_within_rounding(co
     import torch._inductor.cpp_builder
 
     program, module, weights, inputs = compiled
+    if packed_linears.available():  # qkv, gate/up and down of both layers, and the head
+        packed = [n for n in module.graph.nodes if n.op == "call_function" and n.target is packed_linear]
+        assert len(packed) == 2 * 3 + 1
     expected = _steps(_program(), _weights(), _inputs(0), STEPS)
     used = []
     forward = module.forward
