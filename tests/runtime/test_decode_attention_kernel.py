@@ -24,7 +24,6 @@ from helios.runtime.loading.decode_attention_kernel import (
 )
 from helios.runtime.loading.program_compile import ProgramCompileError, compile_programs
 from runtime.test_cpu_fast import _inputs, _program, _weights
-from support.other_width import run_at_256_bits
 
 PAGE_TOKENS, PLANE_PAGES = 4, 24
 
@@ -228,6 +227,8 @@ def test_long_contexts_in_large_pages_equal_the_reference_and_keep_each_tokens_b
         assert torch.equal(body(q[row:row + 1], k_cache, v_cache, alone, scale)[0], got[row])
 
 
+# The kernel built for 256-bit vectors (blocks of 8 keys) equals the reference and keeps each token's bits: run
+# in the same fresh process as the linear kernel's check (tests/runtime/test_linear_kernel.py), one process for both.
 _OTHER_WIDTH = r"""  # after `run_at_256_bits`' prelude (torch imported)
 from helios.abi.paged_reference import attend, plan_attention
 from helios.runtime.loading.decode_attention_kernel import build_kernel, decode_attention, plan_tokens
@@ -248,7 +249,3 @@ for q_heads, kv_heads, head_dim in [(4, 2, 32), (2, 2, 44), (1, 1, 8), (8, 2, 32
         assert torch.equal(body(q[row:row + 1], k, v, alone, 0.3)[0], got[row])
 print("ok")
 """
-
-
-def test_the_kernel_built_for_256_bit_vectors_equals_the_reference_and_keeps_each_tokens_bits():
-    run_at_256_bits(_OTHER_WIDTH)  # blocks of 8 keys

@@ -19,6 +19,7 @@ from helios.runtime.loading.linear_kernel import (
     PackedWeights, bind_linears, build_kernel, linear_body, pack,
 )
 from runtime.test_cpu_fast import _inputs, _program, _steps, _weights
+from runtime.test_decode_attention_kernel import _OTHER_WIDTH as ATTENTION_AT_256_BITS
 from support.other_width import run_at_256_bits
 
 
@@ -235,5 +236,7 @@ print("ok")
 """
 
 
-def test_the_kernel_built_for_256_bit_vectors_equals_torch_and_keeps_each_rows_bits():
-    run_at_256_bits(_OTHER_WIDTH)  # tiles of 6 rows x 2 vectors
+def test_the_kernels_built_for_256_bit_vectors_equal_their_references_and_keep_each_rows_bits():
+    # This kernel (tiles of 6 rows x 2 vectors), then the decode attention kernel's check (blocks of 8 keys,
+    # tests/runtime/test_decode_attention_kernel.py) in the same process: one start and import for both.
+    run_at_256_bits(_OTHER_WIDTH + ATTENTION_AT_256_BITS)
