@@ -57,19 +57,23 @@ ALL = SCORED + ("hybrid",)
 def _prepared(name: str, base: Path) -> Path:
     """The core of family `name` (prepared once per process): token-logprobs programs, scored
     prefill where the architecture has it, 16-token prefill steps, decode batches of 1 and 4, and
-    mixed steps (prefill beside decoding rows) on the dense core."""
+    mixed steps (prefill beside decoding rows) on the dense core, which is `support.server_core.scored_core`
+    (the server tests' scored core, prepared once per run)."""
     from helios.core.keys import SigningKey, write_key_pair
     from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
     from support.chat_checkpoint import write_chat_checkpoint
+    from support.server_core import scored_core
 
+    if name == "dense":
+        return scored_core(base).path.parent
     if name not in _PREPARED:
         root = base / f"logprobs-{name}"
         root.mkdir(parents=True, exist_ok=True)
         key = SigningKey.generate()
         write_key_pair(root / "publisher.key", key, [NAMESPACE])
         write_chat_checkpoint(_family(name), root / "checkpoint", seed=3)
-        plan = CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS, decode_batches=(1, 4),
-                            mixed=name == "dense", scored_prefill=name in SCORED)
+        plan = CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS, decode_batches=(1, 4), mixed=False,
+                            scored_prefill=name in SCORED)
         prepare_core(root / "checkpoint", root / "model.core", key,
                      PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
         _PREPARED[name] = root

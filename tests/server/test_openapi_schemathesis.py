@@ -47,6 +47,7 @@ from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.service import ServedModel
 from support.server_core import SERVED_ID, tiny_core
+from support.sweeps import swept
 
 SCHEMA_VIOLATION = "invalid request body:"
 # the checks of the module text (any other schemathesis check stays off)
@@ -54,7 +55,10 @@ CHECKS = ("not_a_server_error", "negative_data_rejection", "positive_data_accept
           "status_code_conformance", "content_type_conformance", "response_schema_conformance")
 # 400: the cross-field and model-dependent rules of the module text; 429/503: admission limits
 POSITIVE_STATUSES = ["2xx", "400", "404", "429", "503"]
-MAX_EXAMPLES = 50
+# Fuzzing examples per operation: 25 by default (every operation, generation and rejections are reached, as
+# test_schemathesis_finds_the_document_and_the_server_agree asserts), 50 with HELIOS_OPENAPI_FUZZ_SWEEP=1 (more
+# drawn bodies through the same validation and generation paths).
+MAX_EXAMPLES = 50 if swept("HELIOS_OPENAPI_FUZZ_SWEEP") else 25
 
 
 def engine_config(checks=CHECKS, max_examples: int = MAX_EXAMPLES) -> SchemathesisConfig:

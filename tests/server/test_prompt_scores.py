@@ -16,22 +16,18 @@ from helios.core.reader import open_core
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.service import ServedModel
 from support.logprob_runs import transformers_logprob_table
-from support.server_core import SERVED_ID, TinyCore, openai_client, tiny_core
+from support.server_core import SERVED_ID, TinyCore, openai_client, scored_core, tiny_core
 
 TOLERANCE = 1e-4
 TOP = 3
-PREFILL_TOKENS = 16
+PREFILL_TOKENS = 16  # the scored core's prefill steps
 LONG_PROMPT = [(7 * i) % 300 + 10 for i in range(40)]  # three scored-prefill steps
 
 
 def _scored_core(base: Path) -> TinyCore:
-    """The tiny core's checkpoint prepared with scored prefill, once per run (test_echo_offsets and
-    test_full_context_scores serve it too). One decode batch, no mixed step: the requests here come one
-    at a time."""
-    from helios.ignition.export import CapacityPlan
-
-    return tiny_core(base, "scored-core", CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS,
-                                                       decode_batches=(1,), mixed=False, scored_prefill=True))
+    """The tiny core's checkpoint prepared with scored prefill, once per run (`support.server_core.scored_core`:
+    test_echo_offsets, test_full_context_scores, test_stream_parity and test_logprobs_reference serve it too)."""
+    return scored_core(base)
 
 
 def _serve(core: TinyCore):

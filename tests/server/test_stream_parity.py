@@ -45,7 +45,7 @@ from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.responses import with_transport_send
 from helios.server.service import ServedModel
-from support.server_core import NAMESPACE, SERVED_ID, TinyCore
+from support.server_core import SERVED_ID, TinyCore, scored_core
 from support.sweeps import swept
 
 # HELIOS_STREAM_PARITY_DRAW_SWEEP=1 doubles the seeded draws: each default draw already takes the
@@ -72,26 +72,11 @@ PROMPTS = ("hello", "the quick brown fox", "what is 12 plus 30? it is", [7, 8, 9
 STOPS = ("e", "o", " t", "the", "\n", ", ", "<think>")
 
 
-def _scored_core(root) -> TinyCore:
-    """The tiny core's checkpoint prepared with scored prefill too (echo with logprobs and
-    prompt_logprobs need it)."""
-    from helios.core.keys import SigningKey, write_key_pair
-    from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
-    from ignition.hf_checkpoints import QWEN3
-    from support.chat_checkpoint import write_chat_checkpoint
-
-    key = SigningKey.generate()
-    write_key_pair(root / "publisher.key", key, [NAMESPACE])
-    checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
-    # One decode batch (up to the 3 choices drawn) and no mixed step: fewer programs, a faster prepare.
-    plan = CapacityPlan(context_tokens=256, prefill_tokens=32, decode_batches=(4,), mixed=False, scored_prefill=True)
-    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
-    return TinyCore(root / "model.core", root / "publisher.key.pub")
-
-
 @pytest.fixture(scope="module")
 def core(tmp_path_factory) -> TinyCore:
-    return _scored_core(tmp_path_factory.mktemp("stream-parity"))
+    """The tiny core's checkpoint prepared with scored prefill too (echo with logprobs and prompt_logprobs need
+    it): the server tests' scored core, prepared once per run (`support.server_core.scored_core`)."""
+    return scored_core(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")
