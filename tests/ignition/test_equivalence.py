@@ -15,8 +15,9 @@ import torch
 from helios.ignition.architecture import Architecture, weight_layout
 from helios.ignition.capture import build_program
 from helios.ignition.program_spec import Operation, program_spec
+from support.sweeps import swept
 
-from .conftest import ALL_OPERATIONS, PAGE_TOKENS, VARIANTS
+from .conftest import ALL_OPERATIONS, CHECK_OPERATIONS, PAGE_TOKENS, VARIANTS
 from .driver import PagedModel, RowWork, Sequence, generate
 from .hf_checkpoints import FAMILIES
 
@@ -31,11 +32,21 @@ SHORT_TOKENS = 16
 TOLERANCE = 1e-4
 
 
+# The families whose checks take the PREFILL and DECODE programs too (every program of VARIANTS); the
+# others, like a family module's FamilyChecks, run every step through MIXED (their `prepare` captures only
+# CHECK_OPERATIONS). A program's operation changes the decoder in two places only: latent attention
+# up-projects a prompt's context in PREFILL (DeepSeek), and PREFILL / MIXED leave the last layer's other
+# rows out past attention; windows (Qwen2's mixed layers, gpt-oss's sinks beside them) bind their own region in
+# every program. HELIOS_EQUIVALENCE_SWEEP=1 runs every family's PREFILL and DECODE programs: the MoE and
+# q/k-norm bodies they add are the same modules MIXED runs (Llama 3 covers the plain path's programs).
+EVERY_PROGRAM = {"llama3", "qwen2", "deepseek", "gpt_oss"}
+
+
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda family: family.name)
 def prepared(request, prepare):
-    # Every program of VARIANTS: these families' checks take the PREFILL and DECODE programs too (a
-    # family module's FamilyChecks run every step through MIXED, as its `prepare` captures only CHECK_OPERATIONS).
-    return prepare(request.param, ALL_OPERATIONS)
+    family = request.param
+    every = family.name in EVERY_PROGRAM or swept("HELIOS_EQUIVALENCE_SWEEP")
+    return prepare(family, ALL_OPERATIONS if every else CHECK_OPERATIONS)
 
 
 def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
