@@ -35,6 +35,7 @@ from helios.frontend.decoding.syntax import JsonCallSyntax
 from helios.frontend.preparation.request_options import ChatOptionError
 from helios.frontend.session import FrontendModel
 from helios.server.schemas import ChatCompletionRequest
+from support.sweeps import swept
 
 from .parsers.conftest import small_bpe
 from .served import (
@@ -178,6 +179,10 @@ def _frames_served() -> Served:
 
 
 SYNTAXES = ["qwen", "dsml", "glm", "xtml", "atem"]
+# Outputs sampled per syntax (structured answer or calls; forced calls). HELIOS_GRAMMAR_TOOLS_SWEEP=1
+# samples 100 and 20 as before: the default counts already take every syntax's grammar and parser
+# paths (each branch is asserted seen), with the same seeds.
+STRUCTURED_SAMPLES, FORCED_SAMPLES = (100, 20) if swept("HELIOS_GRAMMAR_TOOLS_SWEEP") else (50, 10)
 
 
 def chat(served: Served, **fields) -> ChatCompletionRequest:
@@ -331,7 +336,7 @@ def test_structured_answer_or_registered_calls(served, syntax):
     case = served[syntax]
     prepared = case.model.prepare_chat(chat(case, tools=TOOLS, response_format=RESPONSE_FORMAT))
     assert prepared.params.is_constrained
-    seen = run_samples(case, prepared, 100, seed=len(syntax), callable_names=set(SCHEMAS),
+    seen = run_samples(case, prepared, STRUCTURED_SAMPLES, seed=len(syntax), callable_names=set(SCHEMAS),
                        answer=AnswerKind.STRUCTURED, single=False)
     assert seen["calls"] and seen["answer"]
     assert seen["names"] == set(SCHEMAS)
@@ -349,12 +354,14 @@ def test_recipient_frames_without_tools_constrain_the_visible_answer(served):
 def test_required_and_named_tool_choice_always_call(served, syntax):
     case = served[syntax]
     required = case.model.prepare_chat(chat(case, tools=TOOLS, tool_choice="required"))
-    seen = run_samples(case, required, 20, seed=1, callable_names=set(SCHEMAS), answer=AnswerKind.NONE, single=False)
-    assert seen["calls"] == 20
+    seen = run_samples(case, required, FORCED_SAMPLES, seed=1, callable_names=set(SCHEMAS), answer=AnswerKind.NONE,
+                       single=False)
+    assert seen["calls"] == FORCED_SAMPLES
     named = {"type": "function", "function": {"name": "write_file"}}
     forced = case.model.prepare_chat(chat(case, tools=TOOLS, tool_choice=named, response_format=RESPONSE_FORMAT))
-    seen = run_samples(case, forced, 20, seed=2, callable_names={"write_file"}, answer=AnswerKind.NONE, single=True)
-    assert seen["calls"] == 20 and seen["names"] == {"write_file"}
+    seen = run_samples(case, forced, FORCED_SAMPLES, seed=2, callable_names={"write_file"}, answer=AnswerKind.NONE,
+                       single=True)
+    assert seen["calls"] == FORCED_SAMPLES and seen["names"] == {"write_file"}
 
 
 @pytest.mark.parametrize("syntax", SYNTAXES)
