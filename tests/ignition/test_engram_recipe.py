@@ -20,6 +20,7 @@ from helios.runtime.parallel.rank_peers import PeerKind, RankOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import GEMMA3, GRANITE, LLAMA3, random_model
 from support.chat_checkpoint import VOCAB_SIZE, write_frontend_files
+from support.sweeps import in_sweep
 
 NAMESPACE = "test.helios/engram"
 PROMPTS = [list(range(3, 23)), [40, 41, 42], [7, 8]]
@@ -55,12 +56,12 @@ def key(tmp_path_factory) -> Path:
     return path
 
 
-def _prepare(checkpoint: Path, key: Path, ranks: int, decode_batches: str = "1,4") -> Path:
+def _prepare(checkpoint: Path, key: Path, ranks: int, decode_batches: str = "1,4", mixed: bool = True) -> Path:
     path = checkpoint.parent / f"engram-tp{ranks}.core"
     if not path.exists():
         assert main(["prepare", str(checkpoint), "-o", str(path), "--key", str(key), "--namespace", NAMESPACE,
                      "--context-tokens", "64", "--prefill-tokens", "16", "--decode-batches", decode_batches,
-                     "--tensor-parallel", str(ranks), "--dtype", "float32",
+                     "--tensor-parallel", str(ranks), "--dtype", "float32", *(() if mixed else ("--no-mixed",)),
                      "--no-logprobs"]) == 0  # no request here (nor in the CUDA test) asks for logprobs
     return path
 
@@ -110,19 +111,22 @@ def test_an_engram_checkpoint_serves_the_reference_tokens_alone_and_batched(chec
     assert one_rank_tokens == expected
 
 
-@pytest.mark.parametrize("family", [GRANITE, GEMMA3], ids=lambda family: family.name)
+# Gemma 3 with HELIOS_FAMILY_SERVED_SWEEP=1: its recipe leaves the projection as stored (as Llama's does, whose
+# core the test above serves) and its programs scale the lookup before adding the rows (as Granite's do).
+@pytest.mark.parametrize("family", in_sweep("HELIOS_FAMILY_SERVED_SWEEP", (GRANITE,), (GEMMA3,)),
+                         ids=lambda family: family.name)
 def test_a_scaled_input_embedding_takes_the_rows_where_the_reference_does(tmp_path_factory, key, family):
     """Granite multiplies its inputs_embeds (the looked-up embeddings plus the projected rows) by
     embedding_multiplier (4 here), where the programs scale the lookup alone: the prepared projection
     carries the multiplier, so the core serves the reference's tokens (it added the rows unscaled).
     Gemma's scale is part of its lookup (its input embeddings), so its rows are added unscaled. One
-    prompt (20 tokens, prefilled in two chunks) and a decode batch of 1: batching engram rows is the
-    Llama test's."""
+    prompt (20 tokens, prefilled in two chunks) and a decode batch of 1, no MIXED program: batching
+    engram rows, and mixing them into a decode step, is the Llama test's."""
     directory, model = _engram_checkpoint(tmp_path_factory.mktemp("engram-scaled") / "checkpoint", family)
     engram = read_engram(directory, model.config.hidden_size, "float32")
     prompts = PROMPTS[:1]
     expected = [_reference(model, engram, prompt) for prompt in prompts]
-    assert _generate(_prepare(directory, key, 1, decode_batches="1"), key, prompts) == expected
+    assert _generate(_prepare(directory, key, 1, decode_batches="1", mixed=False), key, prompts) == expected
 
 
 def _plain(model, prompt: list[int]) -> list[int]:
@@ -132,7 +136,10 @@ def _plain(model, prompt: list[int]) -> list[int]:
 
 
 def test_two_ranks_generate_what_one_rank_generates(checkpoint, key, one_rank_tokens):
-    assert _generate(_prepare(checkpoint[0], key, 2), key, PROMPTS, FAST) == one_rank_tokens
+    # Decode batches of 4 alone and no MIXED program: the rows each rank stages and its whole projection are
+    # what two ranks add; the one-rank core's programs serve the same prompts' other schedules.
+    core = _prepare(checkpoint[0], key, 2, decode_batches="4", mixed=False)
+    assert _generate(core, key, PROMPTS, FAST) == one_rank_tokens
 
 
 def _broken(directory: Path, **metadata) -> Path:
