@@ -25,6 +25,7 @@ from helios.runtime.loading import cuda_graphs, elementwise_runs, fresh_calls
 from helios.runtime.loading.model import select_handles
 from helios.runtime.loading.programs import DeclaredOps, load_program
 from ignition.hf_checkpoints import LLAMA3, MISTRAL
+from runtime.test_greedy_rows_graph import NAMESPACE as GREEDY_ROWS_NAMESPACE, greedy_rows_core
 from support.chat_checkpoint import write_chat_checkpoint
 
 DEVICE = torch.device("meta")
@@ -65,14 +66,18 @@ class _Copies:
 
 @pytest.fixture(scope="module", params=[LLAMA3, MISTRAL], ids=["llama3", "mistral_windowed"])
 def core(request, tmp_path_factory):
-    """A tiny bfloat16 core with token-logprobs variants: Llama 3 (rotary pairs, fused and made fresh)
-    and Mistral (every attention windowed: no fresh pair)."""
+    """A tiny bfloat16 core with token-logprobs variants: Llama 3 (rotary pairs, fused and made fresh;
+    test_greedy_rows_graph's bfloat16 core, prepared once per run) and Mistral (every attention
+    windowed: no fresh pair)."""
+    if request.param is LLAMA3:
+        path, key = greedy_rows_core(tmp_path_factory.getbasetemp(), "bfloat16")
+        return open_core(path, accept=GREEDY_ROWS_NAMESPACE, trusted_keys=[key.public]), False
     root = tmp_path_factory.mktemp(request.param.name)
     key = SigningKey.generate()
     checkpoint = write_chat_checkpoint(request.param, root / "checkpoint", seed=3)
     plan = CapacityPlan(context_tokens=128, prefill_tokens=32, decode_batches=(1, 4), mixed=True, token_logprobs=True)
     prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, dtype="bfloat16", capacities=plan))
-    return open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[key.public]), request.param is MISTRAL
+    return open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[key.public]), True
 
 
 @pytest.fixture

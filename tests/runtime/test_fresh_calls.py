@@ -23,9 +23,7 @@ import helios.abi.fresh_attention  # noqa: F401 (registers the op)
 import helios.runtime.loading.programs as program_loading
 import helios.runtime.service as service
 from helios.contract import serving_pb2 as spb
-from helios.core.keys import SigningKey
 from helios.core.reader import open_core
-from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.engine import EngineRequest
 from helios.runtime.execution.executor import GraphExecutor
 from helios.runtime.execution.packer import Packer
@@ -38,16 +36,15 @@ from helios.runtime.records.plan import PlanRow, StepPlan
 from helios.runtime.records.capacities import Operation
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.service import build_runtime
-from ignition.hf_checkpoints import LLAMA3
-from support.chat_checkpoint import write_chat_checkpoint
+from runtime.test_greedy_rows_graph import NAMESPACE, greedy_rows_core
 
-NAMESPACE = "test.helios/fresh-calls"
 OPS = torch.ops.helios
-PREFILL_TOKENS = 32
+PREFILL_TOKENS = 16  # the core's prompt step
 _CHOOSER = random.Random(5)
 _SHARED = [_CHOOSER.randrange(3, 300) for _ in range(40)]
 # cold: one chunk, exactly the capacity, two chunks; then prompts reusing a cached prefix
-PROMPTS = [[_CHOOSER.randrange(3, 300) for _ in range(n)] for n in (7, 32, 45)] + [_SHARED, _SHARED + [9, 8, 7]]
+PROMPTS = [[_CHOOSER.randrange(3, 300) for _ in range(n)] for n in (7, PREFILL_TOKENS, 2 * PREFILL_TOKENS - 3)]
+PROMPTS += [_SHARED, _SHARED + [9, 8, 7]]
 MAX_TOKENS = 6
 LLAMA3_LAYERS = 2  # the tiny checkpoint's layers (tests/ignition/hf_checkpoints.py)
 
@@ -95,13 +92,8 @@ def _copied(value):
 
 @pytest.fixture(scope="module")
 def core_path(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fresh-calls")
-    key = SigningKey.generate()
-    checkpoint = write_chat_checkpoint(LLAMA3, root / "checkpoint", seed=4)
-    plan = CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS, decode_batches=(1, 4))
-    path = root / "model.core"
-    prepare_core(checkpoint, path, key, PrepareOptions(NAMESPACE, capacities=plan))
-    return path, key
+    # test_greedy_rows_graph's float32 Llama 3 core (prepared once per run; 16-token prompt steps)
+    return greedy_rows_core(tmp_path_factory.getbasetemp(), "float32")
 
 
 def _runtime(core_path):

@@ -66,8 +66,15 @@ class _Replayed(CapturedProgram):
 def core_path(tmp_path_factory, request):
     """A float32 core (the greedy graph adds the bias to the float32 logits in place) and a bfloat16
     one (it samples the head's product: `greedy_rows_biased`)."""
-    # prepared once per test run (test_step_calls serves the same cores; xdist workers share them)
-    root = shared_root(tmp_path_factory.getbasetemp()) / f"greedy-rows-{request.param}"
+    return greedy_rows_core(tmp_path_factory.getbasetemp(), request.param)
+
+
+def greedy_rows_core(base, dtype: str):
+    """(core path, signing key) of the tiny Llama 3 core of `dtype` (128 tokens of context, 16-token
+    prompt steps, decode batches 1 and 8, token-logprobs twins), prepared once per test run under
+    `base`'s shared root (test_step_calls, test_fresh_calls and test_capture_plan_copies use the same
+    cores; xdist workers share them)."""
+    root = shared_root(base) / f"greedy-rows-{dtype}"
     path = root / "model.core"
 
     def prepare() -> None:
@@ -77,7 +84,7 @@ def core_path(tmp_path_factory, request):
         checkpoint = write_chat_checkpoint(LLAMA3, root / "checkpoint", seed=9)
         plan = CapacityPlan(context_tokens=128, prefill_tokens=16, decode_batches=(1, 8))
         scratch = root / "model.core.partial"
-        prepare_core(checkpoint, scratch, key, PrepareOptions(NAMESPACE, capacities=plan, dtype=request.param))
+        prepare_core(checkpoint, scratch, key, PrepareOptions(NAMESPACE, capacities=plan, dtype=dtype))
         scratch.rename(path)
 
     prepared_once(root, path, prepare)
@@ -87,6 +94,22 @@ def core_path(tmp_path_factory, request):
 def _runtime(core_path):
     path, key = core_path
     return build_runtime(open_core(path, accept=NAMESPACE, trusted_keys=[key.public]))
+
+
+_REFERENCES: dict = {}  # core path -> the CPU path's tokens of the requests
+
+
+def reference_tokens(core_path) -> list[list[int]]:
+    """The requests' tokens on the CPU path of a fresh runtime with one frame (two frames give the same:
+    tests/runtime/test_two_frames_runtime.py), served once per core and process."""
+    path, _ = core_path
+    if path not in _REFERENCES:
+        runtime = _runtime(core_path)
+        try:
+            _REFERENCES[path] = _serve(runtime, 1)
+        finally:
+            runtime.close()
+    return _REFERENCES[path]
 
 
 def _serve(runtime, frames: int) -> list[list[int]]:
@@ -161,11 +184,7 @@ def test_greedy_graphs_read_counts_through_the_slots(core_path, monkeypatch, req
 
 @pytest.mark.parametrize("frames", [1, 2])
 def test_greedy_graphs_give_the_cpu_path_tokens(core_path, monkeypatch, frames):
-    reference_runtime = _runtime(core_path)
-    try:
-        expected = _serve(reference_runtime, frames)
-    finally:
-        reference_runtime.close()
+    expected = reference_tokens(core_path)
     assert all(len(tokens) == MAX_TOKENS for tokens in expected)
     runtime, programs = _exported_runtime(core_path, monkeypatch)
     try:

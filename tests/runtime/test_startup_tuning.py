@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,11 +14,9 @@ from helios.abi.attention import DECODE_PROGRAMS_PER_MULTIPROCESSOR
 from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
-from helios.core.keys import SigningKey, write_key_pair
 from helios.core.reader import open_core
 from helios.errors import ContractError
 from helios.ignition.capture import capture_program
-from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.ignition.program_spec import AttentionTuning, Operation, ProgramOptions
 from helios.ignition.recipes import load_checkpoint
 from helios.ignition.tuning import TUNING_CAPACITY, TUNING_GRAPH
@@ -28,22 +25,17 @@ from helios.runtime.offline import generate
 from helios.runtime.service import build_runtime
 from helios.runtime.loading.tuning import MissingProducerError, ProducerFailedError, TuningProducerError
 from ignition.hf_checkpoints import QWEN3
-from support.chat_checkpoint import write_chat_checkpoint
+from support.server_core import NAMESPACE, tiny_core
 
-NAMESPACE = "test.helios/tuning"
-CONTEXT_TOKENS, DECODE_ROWS, THREADS = 512, (1, 4), 6
+# The server tests' tiny Qwen3 core (prepared once per run), whose plan these are.
+CONTEXT_TOKENS, DECODE_ROWS, THREADS = 256, (1, 4, 8), 6
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13]]
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tuning")
-    checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=5)
-    key = SigningKey.generate()
-    write_key_pair(root / "publisher.key", key, [NAMESPACE])
-    plan = CapacityPlan(context_tokens=CONTEXT_TOKENS, prefill_tokens=16, decode_batches=DECODE_ROWS)
-    prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, capacities=plan))
-    return checkpoint, root / "model.core", root / "publisher.key.pub"
+    core = tiny_core(tmp_path_factory.getbasetemp())
+    return core.path.parent / "checkpoint", core.path, core.public_key
 
 
 def open_prepared(prepared):
@@ -95,7 +87,7 @@ def test_loading_runs_the_producer_with_the_formula_of_this_cpu(prepared):
     with threads(THREADS):
         model = load_model(core)
     num_kv_heads = QWEN3.config().num_key_value_heads
-    assert expected_splits(THREADS, num_kv_heads) == [4, 2]  # the context ceiling and the row count both bite
+    assert expected_splits(THREADS, num_kv_heads) == [2, 2, 1]  # the context ceiling and the row count both bite
     assert model.buffers["attention_splits"].tolist() == expected_splits(THREADS, num_kv_heads)
 
 
@@ -125,7 +117,7 @@ def test_each_decode_program_reads_its_own_entry(prepared):
 def test_split_counts_are_a_schedule_decode_gives_the_same_tokens(prepared):
     runtime = build_runtime(open_prepared(prepared))
     first = [list(r.token_ids) for r in generate(runtime.engine, PROMPTS, 6)]
-    runtime.model.buffers["attention_splits"].copy_(torch.tensor([64, 7], dtype=torch.int32))
+    runtime.model.buffers["attention_splits"].copy_(torch.tensor([64, 7, 3], dtype=torch.int32))
     second = [list(r.token_ids) for r in generate(runtime.engine, PROMPTS, 6)]
     assert second == first and all(len(tokens) == 6 for tokens in first)
 
@@ -168,7 +160,7 @@ def test_a_failing_producer_fails_startup(prepared):
     checkpoint, _, _ = prepared
     core = open_prepared(prepared)
     arch = load_checkpoint(checkpoint).architecture
-    wrong = AttentionTuning((1, 2, 4), CONTEXT_TOKENS)  # fills three entries; the buffer holds two
+    wrong = AttentionTuning((1, 2, 4, 8), CONTEXT_TOKENS)  # fills four entries; the buffer holds three
     captured = capture_program(arch, Operation.TUNING, TUNING_CAPACITY, 16, ProgramOptions(attention_tuning=wrong))
     (handle,) = [h for h in core.prepared.manifest.graph_handles if h.graph == TUNING_GRAPH]
     with pytest.raises(ProducerFailedError, match=TUNING_GRAPH):

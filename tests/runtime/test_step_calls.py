@@ -18,7 +18,7 @@ from helios.abi.accumulate import accumulate_into
 from helios.abi.slots import packed_slots
 from helios.runtime.loading.cuda_graphs import CapturedProgram, greedy_module
 from helios.runtime.loading.step_calls import collapse_step_calls, step_module
-from runtime.test_greedy_rows_graph import MAX_TOKENS, _exported_runtime, _runtime, _serve, core_path  # noqa: F401 (a fixture)
+from runtime.test_greedy_rows_graph import MAX_TOKENS, _exported_runtime, _runtime, _serve, core_path, reference_tokens  # noqa: F401 (a fixture)
 
 CPU = torch.device("cpu")
 
@@ -43,11 +43,7 @@ def _rewritten_runtime(core_path, monkeypatch):  # noqa: F811
 
 def test_rewritten_graphs_give_the_cpu_path_tokens(core_path, monkeypatch):  # noqa: F811
     frames = 2
-    reference_runtime = _runtime(core_path)
-    try:
-        expected = _serve(reference_runtime, frames)
-    finally:
-        reference_runtime.close()
+    expected = reference_tokens(core_path)
     runtime, programs = _rewritten_runtime(core_path, monkeypatch)
     try:
         assert _serve(runtime, frames) == expected
