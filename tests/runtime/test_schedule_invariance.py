@@ -50,6 +50,7 @@ from ignition.hf_checkpoints import (BAMBA, GPT_OSS, LLAMA2, MISTRAL, QWEN2, QWE
                                      random_model, write_checkpoint)
 from runtime.stress import stress_engine, stress_model  # noqa: E402
 from speculative.support import truncated  # noqa: E402
+from support.sweeps import in_sweep  # noqa: E402
 
 PAGE = 8
 MAX_PROMPT, MAX_OUTPUT = 300, 20
@@ -469,11 +470,14 @@ def request_sets(models):
 
 # (seed, count) of each core's request set in the suite: seeds with a prompt over 256 tokens
 SUITE_SETS = {"llama": (0, 14), "mistral": (1, 12), "qwen3_moe": (3, 12), "bamba": (20, 12)}
-# Every schedule on the dense core; the other cores (slower per token) take three that between
-# them meet small chunks, two and five rows, arrivals while others decode, cancellations and preemption.
+# Every schedule on the dense core; the other cores (slower per token) take one that meets small
+# chunks, arrivals while others decode, cancellations and preemption with offload (their windows,
+# experts and recurrent state through every phase). With HELIOS_SCHEDULE_SWEEP=1 they also take two
+# that meet two and five rows (whose scheduling the dense core's cases take by default).
 SUITE_CASES = [("llama", schedule) for schedule in SCHEDULES] + [
     (name, schedule) for name in ("mistral", "qwen3_moe", "bamba")
-    for schedule in ("two-rows-small-chunks", "staggered-cancels", "preempt-offload-cancels")]
+    for schedule in in_sweep("HELIOS_SCHEDULE_SWEEP", ("preempt-offload-cancels",),
+                             ("two-rows-small-chunks", "staggered-cancels"))]
 
 
 def test_the_request_sets_share_prefixes_and_span_two_long_chunks(request_sets):
