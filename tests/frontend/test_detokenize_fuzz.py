@@ -39,13 +39,16 @@ from helios.frontend.decoding.stops import StopOptions
 from helios.frontend.parsers.pipeline import OutputPipeline, PlainText
 from helios.frontend.responses.output import OutputProcessor
 from helios.runtime.records.events import FinishReason, TokenLogprobs
+from support.sweeps import swept
 
 from .conftest import _byte_to_unicode
 from .test_logprob_offsets_spm import sentencepiece_like
 
 EMBEDDED = Path(__file__).resolve().parents[2] / "src/helios/embedded/default_model/tokenizer.json"
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                         HealthCheck.too_slow])
+# Examples per fuzz test and tokenizer (here and in test_stray_bytes): 30 by default take every
+# tokenizer's decode path; HELIOS_DETOKENIZE_FUZZ_SWEEP=1 draws 60.
+FUZZ = settings(max_examples=60 if swept("HELIOS_DETOKENIZE_FUZZ_SWEEP") else 30, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 LLAMA2 = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                             decoders.Strip(" ", 1, 0)])
 METASPACE = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace("▁", prepend_scheme="first")])
