@@ -36,6 +36,15 @@ def core(tmp_path_factory):
     return tiny_core(tmp_path_factory.getbasetemp())
 
 
+@pytest.fixture(scope="module")
+def served(core):
+    """One engine process for the module: the stopped one resumes and serves on, then the last test
+    kills it."""
+    served = start_served(core, queue_capacity=REQUESTS + 4)
+    yield served
+    served.shutdown()
+
+
 
 
 def chat(**fields) -> dict:
@@ -76,11 +85,10 @@ def run_guarded(scenario, on_hang) -> object:
 
 
 
-def test_an_engine_process_that_stops_reading_never_blocks_the_event_loop(core):
+def test_an_engine_process_that_stops_reading_never_blocks_the_event_loop(served):
     """Before: the event loop wrote each submission to the engine process's pipe itself; with the
     engine process stopped, the write that found the pipe full blocked the loop, so /health,
     /metrics and every connection hung until the engine process read again."""
-    served = start_served(core, queue_capacity=REQUESTS + 4)
     app = create_app(served)
     pid = served.engine._process.pid
     connection = served.engine._connection
@@ -121,7 +129,6 @@ def test_an_engine_process_that_stops_reading_never_blocks_the_event_loop(core):
         health, metrics, models, done, later = run_guarded(scenario, resume)
     finally:
         resume()
-        served.shutdown()
     assert health.status_code == 200 and models.status_code == 200
     assert metrics.status_code == 200 and f"helios_admission_permits_in_use {REQUESTS + 1}.0" in metrics.text
     assert all(response.status_code == 200 for response in done), [r.text for r in done if r.status_code != 200]
@@ -157,8 +164,8 @@ class StreamCall:
             self.started.set()
 
 
-def test_a_killed_engine_process_ends_what_it_held_and_every_later_request_is_a_503(core):
-    served = start_served(core, queue_capacity=4)
+def test_a_killed_engine_process_ends_what_it_held_and_every_later_request_is_a_503(served):
+    """The module's engine process (its pipe still shrunk by the test before), last: killed here."""
     app = create_app(served)
 
     async def scenario():

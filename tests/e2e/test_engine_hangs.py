@@ -168,8 +168,9 @@ def test_helios_serve_reports_a_stopped_engine_process_and_a_sigterm_still_ends_
 
     from support.server_core import ServerProcess
 
+    # a short drain: the flood waits on the stopped engine process until the drain deadline either way
     server = ServerProcess(core, "--liveness-timeout", str(LIVENESS_S), "--queue-capacity", "300",
-                           log=tmp_path / "server.log")
+                           "--drain-seconds", "1", log=tmp_path / "server.log")
     engine_pid = None
     try:
         engine_pid = engine_pid_of(server.process.pid)

@@ -180,20 +180,19 @@ def test_slow_rounds_that_complete_are_never_stalled(served, fault, app):
     assert [r.json()["usage"]["completion_tokens"] for r in done] == [12, 12]
 
 
-def test_shutdown_ends_with_the_worker_stuck_killing_the_engine_process(core, monkeypatch):
+def test_shutdown_ends_with_the_worker_stuck_killing_the_engine_process(served, fault, app, monkeypatch):
     """A stalled worker would not finish its round: shutdown waits the short grace an unresponsive
-    engine process gets, then kills it; the request it held ends cancelled."""
+    engine process gets, then kills it; the request it held ends cancelled. (The module's engine
+    process, last: the shutdown ends it, and the fixture's own shutdown then does nothing.)"""
     from helios.runtime import engine_link
 
     # the grace only delays the kill of an engine process that cannot answer: a short one here
     monkeypatch.setattr(engine_link, "UNRESPONSIVE_GRACE_S", 0.5)
-    fault = StepFault()
-    served = start_served(core, 4, fault=fault, liveness_timeout_s=LIVENESS_S)
     process = served.engine._process
     outcome: dict = {}
 
     async def scenario():
-        async with asgi_client(create_app(served)) as c:
+        async with asgi_client(app) as c:
             fault.hold()
             request = asyncio.ensure_future(c.post("/v1/completions", json=completion(8)))
             stalled = await health_until(c, "stalled")

@@ -111,12 +111,13 @@ def loading(core, tmp_path):
     server.close()
 
 
-# SIGHUP runs with HELIOS_SERVE_SIGNAL_SWEEP=1: `_stop_signals_unwind` gives it SIGTERM's handler, and
-# the SIGTERM case (exit by the signal, its line) takes that path by default.
+# SIGHUP and SIGINT run with HELIOS_SERVE_SIGNAL_SWEEP=1: `_stop_signals_unwind` gives SIGHUP SIGTERM's handler
+# and SIGINT the same `_StopSignal` (the engine process stopped as for SIGTERM, which the SIGTERM case takes by
+# default); SIGINT's exit (130, one line, once unwound) is test_sigint_during_an_in_process_load_exits_130_with_one_line's.
 @pytest.mark.parametrize("signum, code, line", in_sweep("HELIOS_SERVE_SIGNAL_SWEEP", (
     (signal.SIGTERM, -signal.SIGTERM, "helios serve: stopped by SIGTERM while starting"),
-    (signal.SIGINT, 130, "helios serve: interrupted"),
 ), (
+    (signal.SIGINT, 130, "helios serve: interrupted"),
     (signal.SIGHUP, -signal.SIGHUP, "helios serve: stopped by SIGHUP while starting"),
 )))
 def test_a_stop_signal_while_the_model_loads_stops_the_engine_process_at_once(loading, signum, code, line):
@@ -212,6 +213,7 @@ def test_a_taken_port_or_an_unknown_host_fails_before_the_model_loads(core, no_l
     ("--send-timeout", "nan", "--send-timeout must be positive and finite"),
     ("--frontend-workers", "100000", "--frontend-workers must be at most"),
     ("--torch-threads", "100000", "--torch-threads must be at most"),
+    ("--drain-seconds", "nan", "--drain-seconds must be positive and finite"),
 ])
 def test_infinite_timeouts_and_thread_counts_past_any_use_are_refused(option, value, message, no_load, capsys):
     """Before: a nan head timeout served, but every connection hung with a ValueError traceback in
@@ -221,6 +223,25 @@ def test_infinite_timeouts_and_thread_counts_past_any_use_are_refused(option, va
 
     assert main(["serve", "--port", "0", option, value]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_drain_seconds_reach_the_server(monkeypatch):
+    """`--drain-seconds` (default `DRAIN_SECONDS`) becomes the server's drain; the drain tests here
+    and in test_server_faults serve with a short one."""
+    from helios.cli import serve_cmd
+    from helios.cli.main import main
+    from helios.server.serve import DRAIN_SECONDS
+
+    class Runtime:
+        def close(self):
+            pass
+
+    served = []
+    monkeypatch.setattr(serve_cmd, "_start", lambda args, options: (Runtime(), "owner"))
+    monkeypatch.setattr(serve_cmd, "serve", lambda runtime, options, **kwargs: served.append(options) or 0)
+    assert main(["serve", "--port", "0", "--drain-seconds", "0.5"]) == 0
+    assert main(["serve", "--port", "0"]) == 0
+    assert [options.drain_seconds for options in served] == [0.5, DRAIN_SECONDS]
 
 
 def test_startup_options_the_core_refuses_fail_with_their_type_before_the_load(core, monkeypatch, capsys):
@@ -504,6 +525,8 @@ def metric(url: str, name: str) -> float:
 def test_sigterm_drops_readers_paused_after_their_generation_finished_quietly(core, tmp_path):
     """Before: uvicorn cancelled those responses at its own deadline and logged "Cancel 2 running
     task(s)" and "ASGI callable returned without completing response" twice, all at ERROR level."""
+    # the default drain: the serving process may still be forwarding the finished generation's events when the
+    # signal comes, and the drop's responses must end within uvicorn's backstop after it
     server = ServerProcess(core, log=tmp_path / "server.log")
     body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 220, "n": 16,
             "temperature": 0, "stream": True, "logprobs": True, "top_logprobs": 20}

@@ -330,3 +330,30 @@ def test_a_paused_reader_slows_neither_the_engine_nor_other_streams(server, http
     # chunk may carry several token ids)
     assert sum(len(c["choices"][0]["token_ids"]) for c in observed) == 120
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def refuses_connections(url: str) -> bool:
+    try:
+        httpx.get(url + "/health", timeout=5)
+    except httpx.TransportError:
+        return True
+    return False
+
+
+def test_sigterm_drains_the_response_in_flight_and_refuses_new_connections(server):
+    """uvicorn stops accepting at once and lets open responses finish within the drain period; the
+    in-flight stream completes, then the app stops the model worker and the process ends by the
+    signal (the module's server, last: its fixture then checks the exit status and log)."""
+    body = {"model": SERVED_ID, "messages": messages(), "max_tokens": 150, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            server.process.send_signal(signal.SIGTERM)
+            wait_for(lambda: refuses_connections(server.url), "the server kept accepting connections", 30)
+            rest = "\n".join(lines)
+    events = data_lines(rest)
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+    code, log = server.terminate()
+    assert code == -signal.SIGTERM and "Application shutdown complete" in log, log

@@ -24,13 +24,14 @@ from helios.server import serve as serve_module
 from helios.server.serve import ServeOptions, WorkerDied, serve
 from support.server_core import SERVED_ID, ServerProcess, read_stream, tiny_core
 
-STREAMS = 48  # with one active at a time, about 11,000 tokens: longer than the 5 s drain at 1 ms a token
+DRAIN_S = 1  # `--drain-seconds`: the deadline's error events do not depend on its length
+STREAMS = 24  # with one active at a time, about 5,000 tokens: five times the 1 s drain at 1 ms a token
 
 
 
 def test_sigterm_ends_running_streams_with_one_error_event_and_exits_cleanly(tmp_path_factory, tmp_path):
     process = ServerProcess(tiny_core(tmp_path_factory.getbasetemp()), "--max-active", "1", "--queue-capacity", "64",
-                            log=tmp_path / "server.log")
+                            "--drain-seconds", str(DRAIN_S), log=tmp_path / "server.log")
     events = [threading.Event() for _ in range(STREAMS)]
     with ThreadPoolExecutor(STREAMS) as pool:
         futures = [pool.submit(read_stream, process.url, started) for started in events]

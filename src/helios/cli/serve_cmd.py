@@ -40,7 +40,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 MAX_THREADS = 1024  # --frontend-workers, --torch-threads: far past any use, short of what a process can start
 MAX_COUNT = 2**31 - 1  # the other counts and byte sizes: past any use, within what sockets and torch take
 MAX_SECONDS = 365 * 24 * 3600  # timeouts: a year is "never"; larger ones overflow the timers of threads
-_SECONDS = ("send_timeout", "header_timeout", "body_timeout", "liveness_timeout")
+_SECONDS = ("send_timeout", "header_timeout", "body_timeout", "liveness_timeout", "drain_seconds")
 
 
 def register(subparsers) -> None:
@@ -48,7 +48,8 @@ def register(subparsers) -> None:
         "serve", help="serve a core over an OpenAI-compatible HTTP API",
         description="Load a verified core and serve /v1/chat/completions, /v1/completions, /v1/models, "
         "/health and /metrics. Without MODEL.core the embedded default model is served. SIGTERM or "
-        f"SIGINT stops accepting, drains connections for {DRAIN_SECONDS} s, then stops the model.",
+        "SIGINT stops accepting, drains connections for --drain-seconds (default "
+        f"{DRAIN_SECONDS}), then stops the model.",
     )
     parser.add_argument("core", nargs="?", metavar="MODEL.core", help="core file (default: the embedded default model)")
     parser.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="address to listen on (default 127.0.0.1)")
@@ -66,6 +67,10 @@ def register(subparsers) -> None:
     parser.add_argument("--send-timeout", type=float, default=DEFAULT_SEND_TIMEOUT_S, metavar="SECONDS",
                         help="seconds a response write may wait for a client that stopped reading before the "
                         f"response is dropped and its admission permit released (default {DEFAULT_SEND_TIMEOUT_S:.0f})")
+    parser.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS, metavar="SECONDS",
+                        help="after SIGTERM, SIGHUP or SIGINT: seconds open responses may run on before each "
+                        "still running ends with an error event and its connection closes; then the model "
+                        f"stops (default {DRAIN_SECONDS})")
     parser.add_argument("--stream-interval", type=int, default=1, metavar="N",
                         help="streamed responses: after the first token, write N tokens' output at a time "
                         "(default 1: every token as it comes; larger N: fewer, larger writes for up to "
@@ -199,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads",
                  "max_body_bytes", "send_timeout", "max_images", "max_image_bytes", "max_image_pixels",
                  "stream_interval", "max_header_bytes", "header_timeout", "body_timeout", "max_connections",
-                 "liveness_timeout"):
+                 "liveness_timeout", "drain_seconds"):
         value = getattr(args, name)
         if value is not None and not 0 < value < math.inf:  # nan and inf too: timers cannot take them
             raise UsageError(f"--{name.replace('_', '-')} must be positive and finite")
@@ -232,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.closing(bind(args.host, args.port)) as sock:  # a taken port fails before the load
         runtime, owned_by = _start(args, runtime_options)
         options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
+                               drain_seconds=args.drain_seconds,
                                log_level=args.log_level, access_log=args.access_log,
                                max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,
                                api_key=args.api_key, served_names=names, stream_interval=args.stream_interval,

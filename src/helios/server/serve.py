@@ -1,7 +1,8 @@
 """Running the HTTP server: uvicorn (uvloop and httptools when installed) on a socket bound here.
 
 `serve(runtime, options, owned_by)` blocks until SIGTERM or SIGINT. Shutdown order: uvicorn stops
-accepting and lets open connections finish for `drain_seconds` (the specification's five seconds);
+accepting and lets open connections finish for `drain_seconds` (`helios serve --drain-seconds`;
+by default the specification's five seconds);
 at that deadline every response still running ends with one ``event: error`` ("server shutting
 down"; a JSON response waiting for its end gets 503 with the same error) and its request is
 cancelled; connections still open `DROP_GRACE_SECONDS` later (clients that read nothing, their
@@ -65,7 +66,7 @@ class ServeOptions:
     port: int = 8000  # 0 picks a free port
     queue_capacity: int = 256
     frontend_workers: int = 2
-    drain_seconds: int = DRAIN_SECONDS
+    drain_seconds: float = DRAIN_SECONDS  # `helios serve --drain-seconds`
     log_level: str = "info"
     access_log: bool = False
     max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES
