@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers.models.kimi_linear import modeling_kimi_linear as reference
 
 import helios.abi.delta_rule  # noqa: F401
 from helios.abi.registry import AbiArgumentError
@@ -25,6 +24,8 @@ def _inputs(seed: int = 0):
 
 
 def _reference(x):
+    from transformers.models.kimi_linear import modeling_kimi_linear as reference  # at first use: a light collection
+
     out, state = reference.recurrent_kimi_delta_attention(
         *(x[name].unsqueeze(0) for name in ("q", "k", "v")), g=x["g"].unsqueeze(0), beta=x["beta"].unsqueeze(0),
         initial_state=None, output_final_state=True, use_qk_l2norm_in_kernel=True)

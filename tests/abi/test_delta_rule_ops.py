@@ -11,7 +11,13 @@ import torch.nn.functional as F
 import helios.abi.delta_rule  # noqa: F401
 import helios.abi.recurrent  # noqa: F401
 from helios.abi.registry import AbiArgumentError
-from transformers.models.qwen3_next import modeling_qwen3_next as reference
+
+
+def _hf():
+    """transformers' Qwen3-Next module, imported at first use (it loads the modeling stack: a light collection)."""
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    return modeling_qwen3_next
 
 
 HK, HV, DK, DV, CH, K = 2, 4, 8, 6, 10, 4
@@ -33,9 +39,9 @@ def _reference(v, sl=slice(None), initial=None, chunked=True):
     kwargs = dict(g=v["g"][sl].unsqueeze(0), beta=v["beta"][sl].unsqueeze(0), output_final_state=True,
                   use_qk_l2norm_in_kernel=True, initial_state=None if initial is None else initial.unsqueeze(0))
     if chunked:
-        out, state = reference.torch_chunk_gated_delta_rule(*args, chunk_size=4, **kwargs)
+        out, state = _hf().torch_chunk_gated_delta_rule(*args, chunk_size=4, **kwargs)
     else:
-        out, state = reference.torch_recurrent_gated_delta_rule(*args, **kwargs)
+        out, state = _hf().torch_recurrent_gated_delta_rule(*args, **kwargs)
     return out[0], state[0]
 
 
@@ -102,7 +108,7 @@ def test_the_short_convolution_is_causal_conv_update_without_bias():
     """Qwen3-Next's conv1d (no bias, SiLU) through helios::causal_conv_update in chunks."""
     v = _inputs(9, seed=3)
     weight = torch.randn(CH, K)
-    expected = reference.causal_conv1d_fn(v["u"].T.unsqueeze(0), weight, None, activation="silu")[0].T
+    expected = _hf().causal_conv1d_fn(v["u"].T.unsqueeze(0), weight, None, activation="silu")[0].T
     conv = torch.randn(1, CH, K - 1)
     outputs, start = [], 0
     for length in (4, 1, 4):
