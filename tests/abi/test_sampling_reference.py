@@ -212,9 +212,10 @@ def with_uniforms(monkeypatch, uniforms: list[float]) -> None:
     monkeypatch.setattr(sampling, "uniform53", lambda words: fixed.to(words.device))
 
 
-def assert_probes_match(monkeypatch, pipeline: str, logits, settings: dict, prompt_ids=(), output_ids=()):
+def assert_probes_match(monkeypatch, pipeline: str, logits, settings: dict, prompt_ids=(), output_ids=(),
+                        max_tokens: int = 40):
     probs = reference_probs(logits, settings, prompt_ids, output_ids)
-    uniforms, expected = probe_uniforms(probs)
+    uniforms, expected = probe_uniforms(probs, max_tokens)
     with_uniforms(monkeypatch, uniforms)
     tokens = PIPELINES[pipeline](sample_args(logits, len(uniforms), settings, prompt_ids, output_ids))
     mismatches = [(u, got, want) for u, got, want in zip(uniforms, tokens, expected) if got != want]
@@ -338,7 +339,8 @@ def test_presence_and_frequency_ignore_prompt_ids(monkeypatch):
 
 # The fused pipeline's draws run the Triton kernels under the interpreter here (about 10 s a probed case):
 # the suite probes the cases below; HELIOS_FUSED_PROBES_ALL=1 adds top-p over a 1000-id row and the two tie
-# cases, which test_triton_draws checks kernel-side (ties, strict top-p) against the reference in the suite.
+# cases, which test_triton_draws checks kernel-side (ties, strict top-p) against the reference in the suite,
+# and probes every kept token of the penalised row (the suite: its first and last five).
 _FUSED_ALL = swept("HELIOS_FUSED_PROBES_ALL")
 
 
@@ -349,9 +351,13 @@ def test_fused_pass_gives_the_reference_distribution(monkeypatch, case):
 
 
 def test_fused_pass_with_penalties_and_ties(monkeypatch):
+    """The penalised row's first and last five kept tokens (32 probes; every kept token's, 53, with
+    HELIOS_FUSED_PROBES_ALL=1): the penalties change the values every position is drawn from, and each
+    middle position's draw takes the branch the unpenalised fused cases above probe at every position."""
     logits, prompt_ids, output_ids = penalised_row(300, 22)
     settings = dict(temperature=0.9, repetition=1.2, presence=0.75, frequency=0.5, top_k=50, top_p=0.9)
-    assert_probes_match(monkeypatch, "fused", logits, settings, prompt_ids, output_ids)
+    assert_probes_match(monkeypatch, "fused", logits, settings, prompt_ids, output_ids,
+                        max_tokens=40 if _FUSED_ALL else 10)
     for case in ("top_k_splits_a_lower_tie", "all_equal_top_p") if _FUSED_ALL else ():
         assert_probes_match(monkeypatch, "fused", *TIE_CASES[case])
 
