@@ -24,7 +24,7 @@ from helios.runtime.parallel.rank_rendezvous import MissingRankError, RankJoinEr
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.service import RuntimeOptions, build_runtime
 from ignition.hf_checkpoints import LLAMA3, QWEN3
-from support.sweeps import swept
+from support.sweeps import in_sweep, swept
 
 from .conftest import FAST, MAX_TOKENS, PROMPTS, running
 from .test_generate_cli import free_port
@@ -88,16 +88,24 @@ def lose_a_rank_mid_generation(runtime, how: int) -> None:
     assert not engine.is_healthy
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "stops-answering"])
+def a_late_request_fails(engine) -> None:
+    """After a lost rank: the engine reports itself unhealthy and a new request ends with an error at once."""
+    assert not engine.stats.snapshot().healthy
+    late = Requests(engine, 1)
+    assert late.all_done.wait(HANG_GUARD_S)
+    assert late.finished["r0"].reason is FinishReason.ERROR
+    assert "tensor-parallel model failed" in late.finished["r0"].message
+
+
+# A killed rank (one frame in flight) only with HELIOS_RANK_FAILURE_SWEEP=1: test_rank_frames kills one with two
+# frames in flight (the same checks), and the stopped one here loses a rank with one frame in flight.
+@pytest.mark.parametrize("how", in_sweep("HELIOS_RANK_FAILURE_SWEEP",
+                                         (pytest.param(signal.SIGSTOP, id="stops-answering"),),
+                                         (pytest.param(signal.SIGKILL, id="dies"),)))
 def test_a_lost_rank_ends_requests_in_flight_with_errors(cores, how):
     with running(cores.open(cores.core(QWEN3, 2)), PROCESSES) as runtime:
         lose_a_rank_mid_generation(runtime, how)
-        engine = runtime.engine
-        assert not engine.stats.snapshot().healthy
-        late = Requests(engine, 1)
-        assert late.all_done.wait(HANG_GUARD_S)
-        assert late.finished["r0"].reason is FinishReason.ERROR
-        assert "tensor-parallel model failed" in late.finished["r0"].message
+        a_late_request_fails(runtime.engine)
 
 
 # Only with HELIOS_RANK_FAILURE_SWEEP=1 (defined only then, for the suite's time): test_stress_ranks'

@@ -66,10 +66,12 @@ FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAM
 # (DeepSeek-V3's grouped experts, shared expert and dense first layers beside partial rotary as Phi-2's), StarCoder2
 # (Phi-2's biased LayerNorms and non-gated MLP with biases), Qwen2-MoE (Qwen3-Next's gated shared expert) and Bamba
 # (test_hybrid_ranks_hold_their_share_of_the_state_and_restore_snapshots serves it on two ranks against one; its
-# single-group sibling runs here).
+# single-group sibling runs here), Gemma 3 (test_config_fuzz_ranks' gemma3 seed cuts its heads, sandwich norms, two
+# rope tables and per-head q/k norms on four ranks against transformers; Gemma 2, sandwich
+# norms too, runs here).
 _FAMILY_SWEEP = {"llama2", "mistral", "qwen2", "qwen3", "phi4-mini", "glm4", "smollm3", "granite_moe_shared",
                  "gemma3-capped", "olmo2", "olmo3", "gemma", "hunyuan_moe", "deepseek_v2", "glm4_moe", "starcoder2",
-                 "qwen2_moe", "bamba"}
+                 "qwen2_moe", "bamba", "gemma3"}
 if not swept("HELIOS_FAMILY_RANK_SWEEP"):
     FAMILIES = tuple(family for family in FAMILIES if family.name not in _FAMILY_SWEEP)
 # Llama 4 (chunked and NoPE layers' heads, experts weighted on their whole inputs, the shared expert cut by width),

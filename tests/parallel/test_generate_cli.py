@@ -1,6 +1,6 @@
 """`helios generate` on a two-rank core runs rank 1 as a local process (no option needed: the core
-says how many ranks it has) and prints the tokens one rank generates; a rank on "another host"
-(a `helios rank --join` process on loopback) gives the same tokens."""
+says how many ranks it has; in HELIOS_RANK_PROCESS_SWEEP) and prints the tokens one rank generates;
+a rank on "another host" (a `helios rank --join` process on loopback) gives the same tokens."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 
 from helios.cli.main import main
 from ignition.hf_checkpoints import QWEN3
+from support.sweeps import swept
 
 from .conftest import MAX_TOKENS, PROMPTS
 
@@ -32,8 +33,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_generate_runs_local_rank_processes(cores, capsys):
-    assert cli_tokens(cores, cores.core(QWEN3, 2), capsys) == cores.reference_tokens(QWEN3)
+# Only with HELIOS_RANK_PROCESS_SWEEP=1 (one more rank process, for the suite's time): test_serve_ranks' `helios serve`
+# starts a two-rank core's rank 1 as a local process with no option (the runtime's default, which `helios generate`
+# takes too), test_failures' and test_server's runtimes do so with processes, and the test below runs `helios generate`
+# on the two-rank core.
+if swept("HELIOS_RANK_PROCESS_SWEEP"):
+    def test_generate_runs_local_rank_processes(cores, capsys):
+        assert cli_tokens(cores, cores.core(QWEN3, 2), capsys) == cores.reference_tokens(QWEN3)
 
 
 def test_a_rank_joining_over_loopback_gives_the_same_tokens(cores, capsys):

@@ -20,7 +20,7 @@ from support.sweeps import in_sweep
 
 from .conftest import MAX_TOKENS, PROMPTS, running
 from .test_collectives import on_ranks
-from .test_failures import PROCESSES, lose_a_rank_mid_generation
+from .test_failures import PROCESSES, a_late_request_fails, lose_a_rank_mid_generation
 from .test_wire import spec
 
 
@@ -84,3 +84,4 @@ def test_a_rank_lost_with_two_frames_in_flight_ends_requests_with_errors(cores, 
     with running(cores.open(cores.core(QWEN3, 2)), PROCESSES) as runtime:
         runtime.engine.frames = 2
         lose_a_rank_mid_generation(runtime, how)
+        a_late_request_fails(runtime.engine)

@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 
 import httpx
+import torch
 
 from helios.runtime.parallel.rank_peers import PeerKind
 from helios.runtime.service import RuntimeOptions, build_runtime
@@ -50,14 +51,28 @@ def completion_ids(app, prompt: list[int]) -> list[int]:
 def test_a_two_rank_core_serves_one_rank_tokens_and_reports_a_lost_rank(cores):
     with serving(cores.open(cores.core(QWEN3, 1))) as (app, _):
         expected = [completion_ids(app, prompt) for prompt in PROMPTS]
-    with serving(cores.open(cores.core(QWEN3, 2)), replace(FAST, peers=PeerKind.PROCESSES)) as (app, runtime):
-        assert [completion_ids(app, prompt) for prompt in PROMPTS] == expected
-        assert asyncio.run(call(app, "GET", "/health")).status_code == 200
-        (pid,) = runtime.peers.local_pids
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while asyncio.run(call(app, "GET", "/health")).status_code != 503:
-            assert time.monotonic() < deadline, "/health still reports healthy"
-            time.sleep(0.05)
-        body = {"model": NAMESPACE, "prompt": PROMPTS[2], "max_tokens": MAX_TOKENS}
-        assert asyncio.run(call(app, "POST", "/v1/completions", body)).status_code == 503
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        with serving(cores.open(cores.core(QWEN3, 2)), replace(FAST, peers=PeerKind.PROCESSES)) as (app, runtime):
+            # rank zero shares its intra-op threads with its CPU rank process (test_rank_threads' rule) and
+            # gets them back once its peers close, also after one was lost (below)
+            assert torch.get_num_threads() == 2
+            assert [completion_ids(app, prompt) for prompt in PROMPTS] == expected
+            lose_rank_one(app, runtime)
+        assert torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(threads)
+
+
+def lose_rank_one(app, runtime) -> None:
+    """Kills rank 1's process: /health turns 503 and completions are refused with 503."""
+    assert asyncio.run(call(app, "GET", "/health")).status_code == 200
+    (pid,) = runtime.peers.local_pids
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + HANG_GUARD_S
+    while asyncio.run(call(app, "GET", "/health")).status_code != 503:
+        assert time.monotonic() < deadline, "/health still reports healthy"
+        time.sleep(0.05)
+    body = {"model": NAMESPACE, "prompt": PROMPTS[2], "max_tokens": MAX_TOKENS}
+    assert asyncio.run(call(app, "POST", "/v1/completions", body)).status_code == 503

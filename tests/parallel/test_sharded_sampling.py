@@ -1,7 +1,7 @@
 """Two tensor-parallel ranks, each sampling from its own vocabulary rows, draw what one rank draws:
 seeded sampling with top-k/top-p/min-p, penalties and logit bias (ids in both ranks' rows), greedy
-rows beside them, and the log-probabilities with their alternatives, for a dense and a
-mixture-of-experts family (greedy tokens of every family: test_families)."""
+rows beside them, and the log-probabilities with their alternatives, for a dense family (and a
+mixture-of-experts one in HELIOS_FAMILY_RANK_SWEEP; greedy tokens of every family: test_families)."""
 
 from __future__ import annotations
 
@@ -51,9 +51,10 @@ def sampled_run(core, options: RuntimeOptions | None = None) -> tuple[dict, set]
     return results, outputs
 
 
-# Qwen3 (a second dense family: each rank samples from its vocabulary rows as under Llama 3) only with
-# HELIOS_FAMILY_RANK_SWEEP=1.
-@pytest.mark.parametrize("family", in_sweep("HELIOS_FAMILY_RANK_SWEEP", (LLAMA3, QWEN3_MOE), (QWEN3,)),
+# Qwen3 (a second dense family: each rank samples from its vocabulary rows as under Llama 3) and Qwen3-MoE (its
+# experts change nothing of the sampling over the rows; test_stress_ranks' qwen3_moe case draws seeded requests with
+# log-probabilities on its two ranks against one) only with HELIOS_FAMILY_RANK_SWEEP=1.
+@pytest.mark.parametrize("family", in_sweep("HELIOS_FAMILY_RANK_SWEEP", (LLAMA3,), (QWEN3_MOE, QWEN3)),
                          ids=lambda family: family.name)
 def test_two_ranks_sample_and_score_what_one_rank_does(cores, family):
     one, one_outputs = sampled_run(cores.open(cores.core(family, 1)))
