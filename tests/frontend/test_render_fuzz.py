@@ -48,8 +48,11 @@ from helios.frontend.session import FrontendModel
 from helios.runtime.loading.model import resource_of_kind
 from helios.server.schemas import ChatCompletionRequest
 from support.family_checkpoints import CASES, FamilyCase, hf_tokenizer, prepared_family_core
+from support.sweeps import swept
 
-CONVERSATIONS_PER_FAMILY = 100  # each, with and without control markers in client text
+# Each, with and without control markers in client text. HELIOS_RENDER_FUZZ_SWEEP=1 draws 100: the
+# default 40 already take each family's render path (the same drawing code, the same seeds first).
+CONVERSATIONS_PER_FAMILY = 100 if swept("HELIOS_RENDER_FUZZ_SWEEP") else 40
 
 TEXTS = (
     "What is the weather in Paris?", "Hello", "", " ", "\n", "  \t\n ", "Grüße aus Köln — 東京 🌧️ ok?",

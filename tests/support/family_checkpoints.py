@@ -97,12 +97,20 @@ def write_family_checkpoint(case: FamilyCase, tokenizer: Tokenizer, directory: P
     return directory
 
 
+_HF_TOKENIZERS: dict[tuple[str, int], tuple] = {}
+
+
 def hf_tokenizer(case: FamilyCase, tokenizer: Tokenizer):
-    """The transformers tokenizer apply_chat_template renders with (same special tokens)."""
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=case.bos, eos_token=case.eos,
-        chat_template=(TEMPLATES / case.template).read_text(),
-    )
+    """The transformers tokenizer apply_chat_template renders with (same special tokens): built once
+    per process for a case and tokenizer (about 2 s for a 150k vocabulary, which it copies), so the
+    modules that render each family share it. Callers only render, encode and decode with it."""
+    key = (case.name, id(tokenizer))
+    if key not in _HF_TOKENIZERS:  # the entry holds `tokenizer`, so its id is not reused
+        _HF_TOKENIZERS[key] = (tokenizer, transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer, bos_token=case.bos, eos_token=case.eos,
+            chat_template=(TEMPLATES / case.template).read_text(),
+        ))
+    return _HF_TOKENIZERS[key][1]
 
 
 LLAMA3_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
