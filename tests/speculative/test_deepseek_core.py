@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 NAMESPACE = "test.helios/deepseek"
 SHARED = [11, 40, 7, 250, 3, 99, 18, 64, 5, 12]  # two full pages of 4 tokens and a half
 PROMPTS = [SHARED + [31, 32, 33], [5, 6, 7], SHARED + [200, 201]]
-MAX_TOKENS = 32
+MAX_TOKENS = 16
 
 
 @pytest.fixture(scope="module")

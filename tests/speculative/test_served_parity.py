@@ -3,12 +3,12 @@
 One tiny chat core (the server tests' Qwen3-shaped checkpoint with the test tokenizer and chat
 template) is prepared with a one-layer truncated copy of itself as the draft (speculative widths 1
 and 4, so D = 3 proposals a round; the draft agrees about one time in three: rounds both accept
-drafted runs and reject them) and served three or four times in this process: speculating with the
-learned draft ("learned"), speculating with history drafting too ("history"), `--speculative-width
-1` (the documented switch that turns speculation off: the reference) and, with
-HELIOS_SPECULATIVE_SWEEP=1, a scheduler that never picks speculative programs ("decode": plain
-DECODE steps); the same weights are also prepared with device prefix allocation (ceilings of 4 a
-lane within P = 2 a lane) and MIXED steps ("allocating": test_prepared_core.py's core, prepared once a run).
+drafted runs and reject them) and served twice in this process: speculating with the learned draft
+("learned") and `--speculative-width 1` (the documented switch that turns speculation off: the
+reference); with HELIOS_SPECULATIVE_SWEEP=1 also with history drafting too ("history"), with a
+scheduler that never picks speculative programs ("decode": plain DECODE steps) and the same weights
+prepared with device prefix allocation (ceilings of 4 a lane within P = 2 a lane) and MIXED steps
+("allocating": test_prepared_core.py's core, prepared once a run).
 
 Every greedy request below goes to the learned server alone (the history server too with
 HELIOS_SPECULATIVE_SWEEP=1), as JSON and as a stream, and must come back as the reference answers
@@ -19,8 +19,10 @@ stop_token_sequences on a token the draft proposes, n > 1, logprobs and top_logp
 prompt_logprobs, json_schema output, tools with tool_choice required and named, logit_bias on a
 drafted token, presence/frequency/repetition penalties on outputs that repeat (a drafted token must
 see the penalties of the tokens accepted before it). Then all of them at once on every server but
-the reference (speculating lanes beside lanes that cannot draft in one round, beside requests that
-keep every step plain, and on "allocating" in rounds trimmed to P and in MIXED steps).
+the reference, each case JSON or streamed in turn (speculating lanes beside lanes that cannot draft
+in one round, beside requests that keep every step plain, and on "allocating", with the sweep, in
+rounds trimmed to P and in MIXED steps). HELIOS_SPECULATIVE_SWEEP=1 sends every case both ways there, and adds the
+cases whose paths default cases take (`_SWEPT_CASES`).
 
 Sampling (temperature 1): verification is rejection sampling, whose tokens depend on where a
 lane's rounds fall, so speculating sampled output is compared by distribution with the target's
@@ -54,7 +56,7 @@ from helios.server.app import create_app
 from helios.server.service import ServedModel
 from ignition.hf_checkpoints import QWEN3
 from support.chat_checkpoint import write_chat_checkpoint
-from support.sweeps import in_sweep
+from support.sweeps import in_sweep, swept
 
 from .support import ALLOCATING_NAMESPACE, ALLOCATING_SERVED_ID, Counting, allocating_core, write_truncated_checkpoint
 
@@ -62,16 +64,25 @@ NAMESPACE = "test.helios/served-speculation"
 SERVED_ID = "tiny-chat"
 QUEUE = 16  # permits for n = 16 beside max-active 4
 REFERENCE = "width-1"
-SPECULATING = ("learned", "history")
-# The servers each case is asked of alone, and seeded requests' servers: "history" only with HELIOS_SPECULATIVE_SWEEP=1
-# (for the suite's time). It drafts as "learned" does and copies candidates besides; by default it answers every case
-# (JSON and streamed) in test_all_requests_at_once_are_answered_as_one_at_a_time, and seeded requests never draft.
-ALONE = in_sweep("HELIOS_SPECULATIVE_SWEEP", ("learned",), ("history",))
+# "history" (history drafting beside the learned draft) is started only with HELIOS_SPECULATIVE_SWEEP=1 (for the
+# suite's time): it drafts as "learned" does and copies candidates besides; by default test_prepared_core's
+# test_startup_selects_width_and_history_drafting generates with history drafting on this checkpoint's captured
+# speculative core (tokens equal to transformers', drafts accepted), and test_equivalence's
+# test_history_drafting_copies_candidates_and_keeps_the_output checks that copies are accepted and keep the output.
+SPECULATING = in_sweep("HELIOS_SPECULATIVE_SWEEP", ("learned",), ("history",))
+# The servers each case is asked of alone, and seeded requests' servers.
+ALONE = SPECULATING
 # "decode" (a speculative core whose scheduler never speculates) is started only in that sweep too: the other servers
 # take plain steps on the same core for requests that cannot draft, and test_equivalence decodes ordinarily on
 # speculative cores.
 PLAIN = in_sweep("HELIOS_SPECULATIVE_SWEEP", (), ("decode",))
 ALLOCATING = "allocating"  # the same weights prepared with device prefix allocation and MIXED steps
+# "allocating" is started only with HELIOS_SPECULATIVE_SWEEP=1 too (for the suite's time): by default test_prepared_core
+# generates on the same captured core (prefix allocation trimming rounds to P, a chunked prompt's MIXED steps beside
+# speculating lanes, tokens equal to transformers'), and test_equivalence's
+# test_device_allocation_within_a_smaller_packed_capacity and chunked prompts check allocation and MIXED steps beside
+# speculative rounds against ordinary decoding; the served path it would take is "learned"'s.
+ALLOCATED = in_sweep("HELIOS_SPECULATIVE_SWEEP", (), (ALLOCATING,))
 WIDTH, DRAFTS = 4, 3
 # A prompt whose greedy output repeats one token (298, "ld") many times: stops, penalties and a
 # bias on that token all act inside runs the draft proposes.
@@ -146,16 +157,17 @@ def servers(checkpoint_and_core, tmp_path_factory):
     # the same weights prepared with device prefix allocation (ceilings of 4 a lane within P = 2 a
     # lane: a lane's length depends on the others' confidence) and MIXED steps (decoding lanes
     # take one plain token beside a prompt): test_prepared_core's core (support.allocating_core)
-    allocating = allocating_core(tmp_path_factory)
+    allocating = allocating_core(tmp_path_factory) if ALLOCATED else None
     assert ALLOCATING_SERVED_ID == SERVED_ID
     here = (root / "model.core", root / "publisher.key.pub", NAMESPACE)
     configurations = {
         "learned": (here, StartupOptions(), SchedulerPolicy()),
-        "history": (here, StartupOptions(history_drafting=True), SchedulerPolicy()),
+        **({"history": (here, StartupOptions(history_drafting=True), SchedulerPolicy())}
+           if "history" in SPECULATING else {}),
         REFERENCE: (here, StartupOptions(speculative_width=1), SchedulerPolicy()),
         **({"decode": (here, StartupOptions(), SchedulerPolicy(speculative=False))} if PLAIN else {}),
-        ALLOCATING: ((allocating.core, allocating.public_key, ALLOCATING_NAMESPACE), StartupOptions(),
-                     SchedulerPolicy()),
+        **({ALLOCATING: ((allocating.core, allocating.public_key, ALLOCATING_NAMESPACE), StartupOptions(),
+                         SchedulerPolicy())} if ALLOCATED else {}),
     }
     started = {}
     try:
@@ -170,8 +182,7 @@ def servers(checkpoint_and_core, tmp_path_factory):
 def test_the_servers_select_the_widths_they_were_started_with(servers):
     widths = {name: {p.speculative.verify_tokens for p in server.served.engine.executor.model.programs
                      if p.speculative is not None} for name, server in servers.items()}
-    assert widths == {"learned": {WIDTH}, "history": {WIDTH}, REFERENCE: {1}, ALLOCATING: {WIDTH},
-                      **{name: {WIDTH} for name in PLAIN}}
+    assert widths == {**{name: {WIDTH} for name in (*SPECULATING, *ALLOCATED, *PLAIN)}, REFERENCE: {1}}
 
 
 # -- the requests ---------------------------------------------------------------------------------
@@ -238,6 +249,14 @@ CASES = {
                            True),
     "negative_penalties": (text("hello world", 40, presence_penalty=-1.0, frequency_penalty=-0.5), True),
 }
+# Cases whose paths default cases take, only with HELIOS_SPECULATIVE_SWEEP=1: max_tokens 5 (between D + 1 and D + 3,
+# both asked), the chat boundaries 2 and 5 (the text ones are asked, and chat's first speculating limit 4), negative
+# penalties (presence_penalty and frequency_penalty take the penalty path with positive values), a positive bias on
+# the drafted token (the ban takes the bias path) and json_object (json_schema takes the grammar path).
+_SWEPT_CASES = {"max_tokens_5", "max_tokens_2_of_hello", "max_tokens_5_of_hello", "negative_penalties",
+                "logit_bias_nudges_the_drafted_token", "json_object"}
+if not swept("HELIOS_SPECULATIVE_SWEEP"):
+    CASES = {name: case for name, case in CASES.items() if name not in _SWEPT_CASES}
 PENALIZED = ("presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
@@ -367,9 +386,9 @@ def test_the_cases_exercise_what_they_name(expected):
     assert expected["tools_required"][0]["choices"][0]["message"]["tool_calls"]
 
 
-@pytest.mark.parametrize("server_name", [*SPECULATING, ALLOCATING, *PLAIN])
+@pytest.mark.parametrize("server_name", [*SPECULATING, *ALLOCATED, *PLAIN])
 def test_all_requests_at_once_are_answered_as_one_at_a_time(server_name, servers, runner, expected):
-    # JSON and streamed requests of every case, five at a time (at most 20 choices: the permits):
+    # JSON or streamed requests of every case, five at a time (at most 20 choices: the permits):
     # lanes that draft share rounds with lanes that cannot (grammar, stops, max_tokens) and with
     # steps that do not speculate at all (log-probabilities, logit bias)
     server = servers[server_name]
@@ -384,7 +403,10 @@ def test_all_requests_at_once_are_answered_as_one_at_a_time(server_name, servers
             return (await stream(server, body)) if streamed else canonical(await post(server, body))
 
     async def everything():
-        tasks = [(name, streamed) for name in reversed(CASES) for streamed in (False, True)]
+        # by default each case once, JSON and streamed in turn (each is asked both ways alone in
+        # test_each_request_is_answered_as_without_speculation); both ways with HELIOS_SPECULATIVE_SWEEP=1
+        ways = ((False, True),) if swept("HELIOS_SPECULATIVE_SWEEP") else ((False,), (True,))
+        tasks = [(name, streamed) for index, name in enumerate(reversed(CASES)) for streamed in ways[index % len(ways)]]
         return tasks, await asyncio.gather(*(one(name, streamed) for name, streamed in tasks))
 
     tasks, answers = runner.run(everything())
@@ -458,7 +480,7 @@ def test_seeded_sampling_keeps_the_target_distribution(servers, runner, checkpoi
 SEEDED = {"model": SERVED_ID, "prompt": REPEATING, "max_tokens": 24, "seed": 41, **SAMPLED, "return_token_ids": True}
 
 
-@pytest.mark.parametrize("server_name", [*ALONE, ALLOCATING])
+@pytest.mark.parametrize("server_name", [*ALONE, *ALLOCATED])
 def test_seeded_choices_equal_single_requests_with_their_seeds(server_name, servers, runner):
     # README: choice j samples with seed s + j and equals a single request with that seed. A
     # speculating lane's tokens would depend on its rounds, which the other lanes move (on
@@ -477,7 +499,7 @@ def test_seeded_choices_equal_single_requests_with_their_seeds(server_name, serv
     assert server.counting.accepted == before
 
 
-@pytest.mark.parametrize("server_name", [*ALONE, ALLOCATING])
+@pytest.mark.parametrize("server_name", [*ALONE, *ALLOCATED])
 def test_a_seeded_request_answers_the_same_beside_requests_that_change_the_rounds(server_name, servers, runner):
     # A logprobs request makes every step plain; unseeded sampled and greedy requests speculate.
     server = servers[server_name]
