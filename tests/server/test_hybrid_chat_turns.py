@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,30 +20,38 @@ from helios.server.app import create_app
 from helios.server.service import ServedModel
 from ignition.hf_checkpoints import BAMBA
 from support.chat_checkpoint import write_chat_checkpoint
+from support.server_core import SERVED_ID
 from support.shared_prepare import prepared_once, shared_root
 
 NAMESPACE = "test.helios/hybrid-chat"
 QUESTION = {"role": "user", "content": "what is 12 plus 30?"}
 
 
-@pytest.fixture(scope="module")
-def hybrid(tmp_path_factory):
-    """A small hybrid chat core: one decode batch, with token-logprobs programs (the one hybrid core
-    that carries them: tests/runtime/test_hybrid_runtime.py's has none), prepared once per session
-    under the run's directory, shared by the xdist workers (test_state_graph_chat_turns imports this fixture)."""
-    root = shared_root(tmp_path_factory.getbasetemp()) / "hybrid-chat"
+def hybrid_chat_core(base) -> Path:
+    """A small hybrid chat core: one decode batch, no mixed step, with token-logprobs programs (the one hybrid core
+    that carries them: tests/runtime/test_hybrid_runtime.py's has none), prepared once per run under `base`'s shared
+    root for every xdist worker (test_state_graph_chat_turns imports the `hybrid` fixture, and test_logprobs_reference
+    serves this core as its hybrid, asking for it by the server tests' served id); its directory."""
+    root = shared_root(base) / "hybrid-chat"
 
     def prepare() -> None:
         root.mkdir(parents=True, exist_ok=True)
         checkpoint = write_chat_checkpoint(BAMBA, root / "checkpoint", seed=4)
         key = SigningKey.generate()
         write_key_pair(root / "publisher.key", key, [NAMESPACE])
-        plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(2,))
-        prepare_core(checkpoint, root / "model.core.partial", key, PrepareOptions(NAMESPACE, capacities=plan))
+        # no MIXED programs: the turns here come one at a time (and the state-graphs core drops MIXED graphs)
+        plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(2,), mixed=False)
+        prepare_core(checkpoint, root / "model.core.partial", key,
+                     PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))
         (root / "model.core.partial").rename(root / "model.core")
 
     prepared_once(root, root / "model.core", prepare)
     return root
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    return hybrid_chat_core(tmp_path_factory.getbasetemp())
 
 
 def _served(root) -> tuple[ServedModel, str]:

@@ -58,7 +58,8 @@ def _prepared(name: str, base: Path) -> Path:
     """The core of family `name` (prepared once per process): token-logprobs programs, scored
     prefill where the architecture has it, 16-token prefill steps, decode batches of 1 and 4, and
     mixed steps (prefill beside decoding rows) on the dense core, which is `support.server_core.scored_core`
-    (the server tests' scored core, prepared once per run)."""
+    (the server tests' scored core, prepared once per run). The hybrid is test_hybrid_chat_turns' core (one
+    decode batch of 2, 32-token prefill steps, token log-probabilities), prepared once per run too."""
     from helios.core.keys import SigningKey, write_key_pair
     from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
     from support.chat_checkpoint import write_chat_checkpoint
@@ -66,6 +67,10 @@ def _prepared(name: str, base: Path) -> Path:
 
     if name == "dense":
         return scored_core(base).path.parent
+    if name == "hybrid":
+        from server.test_hybrid_chat_turns import hybrid_chat_core
+
+        return hybrid_chat_core(base)
     if name not in _PREPARED:
         root = base / f"logprobs-{name}"
         root.mkdir(parents=True, exist_ok=True)
@@ -107,8 +112,11 @@ class Family:
     """One served core, its reference and its tokenizer's texts and bytes."""
 
     def __init__(self, name: str, root: Path):
+        from server.test_hybrid_chat_turns import NAMESPACE as HYBRID_NAMESPACE
+
         self.name = name
-        opened = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[root / "publisher.key.pub"])
+        accept = HYBRID_NAMESPACE if name == "hybrid" else NAMESPACE
+        opened = open_core(root / "model.core", accept=accept, trusted_keys=[root / "publisher.key.pub"])
         self.served = ServedModel.from_runtime(build_runtime(opened, RuntimeOptions(queue_capacity=8)),
                                                queue_capacity=8, frontend_workers=2, owned_by=NAMESPACE)
         self.served.start()

@@ -64,10 +64,13 @@ from support.asgi_scope import post_scope
 from support.server_core import CONTEXT_TOKENS, SERVED_ID, served_tiny_core
 from server.test_metrics_invariants import KEY_HEADER, capturing, post_keyed
 from support.shared_prepare import shared_root
+from support.sweeps import swept
 
 ROUNDS = int(os.environ.get("HELIOS_USAGE_ROUNDS", "1"))
 FIRST_SEED = int(os.environ.get("HELIOS_USAGE_SEED", "20261205"))
-SPECULATIVE = os.environ.get("HELIOS_USAGE_SPECULATIVE") == "1"
+# HELIOS_USAGE_SPECULATIVE=1 (or HELIOS_FULL_SUITE=1) serves a speculative core instead of the tiny core; by default
+# test_served_parity's speculating server answers usage as its non-speculating reference does.
+SPECULATIVE = swept("HELIOS_USAGE_SPECULATIVE")
 NUM_REQUESTS = 26  # per round, beside the cache sequence, the invalid bodies and the clients that leave
 WAVE = 3  # concurrent requests
 EOS_ID, THINK_ID = 1, 2  # support.chat_checkpoint: <|im_end|> (the EOS) and <think>
