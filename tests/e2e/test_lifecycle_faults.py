@@ -280,10 +280,40 @@ def child_pids(pid: int) -> list[int]:
         return [int(child) for child in children.read().split()]
 
 
-def test_a_second_sigint_ends_running_streams_with_an_error_event_and_still_stops_the_model(core, tmp_path):
+@pytest.fixture(scope="module")
+def serving(core, tmp_path_factory):
+    """One `helios serve` for the tests that leave it serving, then the one that stops it (each
+    test's state: a fresh server's, as none of them holds a request past its end): one request
+    generating at a time, so that the second SIGINT finds streams running."""
+    server = ServerProcess(core, "--max-active", "1", "--queue-capacity", "16",
+                           log=tmp_path_factory.mktemp("serving") / "server.log")
+    yield server
+    if server.process.poll() is None:
+        server.process.kill()
+        server.process.wait()
+
+
+def test_sigusr1_to_the_engine_process_dumps_its_stacks_and_it_keeps_serving(serving):
+    """Before: SIGUSR1 (the stack-dump signal of `helios serve`) ended the engine process, and the
+    server with it (exit 9), when it reached the model worker, as `kill -USR1 -PGID` does.
+    test_a_second_sigint_ends_running_streams... then stops this server: a clean stop after the dump."""
+    os.kill(engine_pid_of(serving), signal.SIGUSR1)
+    deadline = time.monotonic() + 30
+    while "in _engine_main" not in serving.log.read_text():  # the dump is written
+        assert serving.process.poll() is None and time.monotonic() < deadline, serving.log.read_text()
+        time.sleep(0.05)
+    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+    response = httpx.post(serving.url + "/v1/chat/completions", json=body, timeout=30)
+    log = serving.log.read_text()
+    assert response.status_code == 200 and serving.process.poll() is None, log
+    assert "model worker died" not in log and "Traceback" not in log, log
+
+
+def test_a_second_sigint_ends_running_streams_with_an_error_event_and_still_stops_the_model(serving):
     """Before: uvicorn's forced exit skipped the app's shutdown: open streams were cut without an
-    error event and the log showed KeyboardInterrupt and CancelledError tracebacks."""
-    server = ServerProcess(core, "--max-active", "1", "--queue-capacity", "16", log=tmp_path / "server.log")
+    error event and the log showed KeyboardInterrupt and CancelledError tracebacks. (The module's
+    server, after the SIGUSR1 test: this stops it.)"""
+    server = serving
     children = child_pids(server.process.pid)
     events = [threading.Event() for _ in range(12)]
     with ThreadPoolExecutor(len(events)) as pool:
@@ -302,48 +332,6 @@ def test_a_second_sigint_ends_running_streams_with_an_error_event_and_still_stop
                                                         and "server shutting down" in text), text[-300:]
     assert any("event: error" in text for text in texts)
     assert "Application shutdown complete" in log and all(wait_gone(pid, 10) for pid in children)
-
-
-@pytest.fixture(scope="module")
-def serving(core, tmp_path_factory):
-    """One `helios serve` for the tests that leave it serving, then the one that stops it (each
-    test's state: a fresh server's, as none of them holds a request past its end)."""
-    server = ServerProcess(core, log=tmp_path_factory.mktemp("serving") / "server.log")
-    yield server
-    if server.process.poll() is None:
-        server.process.kill()
-        server.process.wait()
-
-
-def test_sigusr1_to_the_engine_process_dumps_its_stacks_and_it_keeps_serving(serving):
-    """Before: SIGUSR1 (the stack-dump signal of `helios serve`) ended the engine process, and the
-    server with it (exit 9), when it reached the model worker, as `kill -USR1 -PGID` does.
-    test_sighup_drains_like_sigterm then stops this server: a clean exit after the dump."""
-    os.kill(engine_pid_of(serving), signal.SIGUSR1)
-    deadline = time.monotonic() + 30
-    while "in _engine_main" not in serving.log.read_text():  # the dump is written
-        assert serving.process.poll() is None and time.monotonic() < deadline, serving.log.read_text()
-        time.sleep(0.05)
-    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
-    response = httpx.post(serving.url + "/v1/chat/completions", json=body, timeout=30)
-    log = serving.log.read_text()
-    assert response.status_code == 200 and serving.process.poll() is None, log
-    assert "model worker died" not in log and "Traceback" not in log, log
-
-
-def test_sighup_drains_like_sigterm(serving):
-    """Before: SIGHUP (a closed terminal) ended the server at once, cutting every response."""
-    server = serving
-    started = threading.Event()
-    with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(read_stream, server.url, started, 150)
-        assert started.wait(30)
-        server.process.send_signal(signal.SIGHUP)
-        text = future.result(timeout=30)
-    server.process.wait(30)
-    code, log = server.terminate()
-    assert text.rstrip().endswith("data: [DONE]"), text[-300:]
-    assert code == -signal.SIGHUP and "Application shutdown complete" in log and "Traceback" not in log, log
 
 
 class Loaded(Exception):
@@ -522,9 +510,12 @@ def metric(url: str, name: str) -> float:
     return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
-def test_sigterm_drops_readers_paused_after_their_generation_finished_quietly(core, tmp_path):
-    """Before: uvicorn cancelled those responses at its own deadline and logged "Cancel 2 running
-    task(s)" and "ASGI callable returned without completing response" twice, all at ERROR level."""
+def test_sighup_drains_like_sigterm_and_drops_readers_paused_after_their_generation_finished_quietly(core, tmp_path):
+    """Before: SIGHUP (a closed terminal) ended the server at once, cutting every response; and
+    uvicorn cancelled the responses of readers that stopped reading at its own deadline and logged
+    "Cancel 2 running task(s)" and "ASGI callable returned without completing response" twice, all
+    at ERROR level. SIGHUP takes SIGTERM's shutdown (its drain, then the drop), so one server checks
+    both: a stream in flight completes, the paused readers are dropped quietly after the drain."""
     # the default drain: the serving process may still be forwarding the finished generation's events when the
     # signal comes, and the drop's responses must end within uvicorn's backstop after it
     server = ServerProcess(core, log=tmp_path / "server.log")
@@ -539,11 +530,19 @@ def test_sigterm_drops_readers_paused_after_their_generation_finished_quietly(co
         while metric(server.url, "helios_generated_tokens_total") < 2 * 16 * 220:
             assert time.monotonic() < deadline, "generation never finished"
             time.sleep(0.1)
+        started = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(read_stream, server.url, started, 150)
+            assert started.wait(30)
+            server.process.send_signal(signal.SIGHUP)
+            text = future.result(timeout=30)
+        server.process.wait(30)
         code, log = server.terminate()
     finally:
         for reader in readers:
             reader.close()
+    assert text.rstrip().endswith("data: [DONE]"), text[-300:]
     errors = [line for line in log.splitlines() if line.startswith(("ERROR", "CRITICAL"))]
-    assert code == -signal.SIGTERM and not errors and "Traceback" not in log, log[-3000:]
+    assert code == -signal.SIGHUP and not errors and "Traceback" not in log, log[-3000:]
     assert "dropped 2 connection(s) still open after the drain" in log, log[-3000:]
     assert "helios serve: shut down" in log and "Application shutdown complete" in log, log[-3000:]
