@@ -36,7 +36,7 @@ from .conftest import PAGE_TOKENS, VARIANTS, Prepared, single_thread
 from .driver import PagedModel, Sequence, generate as generate_steps
 from .hf_checkpoints import _YARN, Family, random_model, rewritten_checkpoint, write_checkpoint
 from .test_llama_shaped_served import _prepared as prepared_core
-from .test_llama_shaped_served import check_served_core
+from .test_llama_shaped_served import check_served
 
 PRESSED_TOKENS = 30  # generated per request under cache pressure
 # Random indexer configurations against transformers (suite: one; HELIOS_DSA_FUZZ_SEEDS=200 for a sweep).
@@ -184,19 +184,25 @@ def test_two_ranks_hold_the_indexer_whole(checkpoint):
     equivalence.assert_two_rank_shares(recipe, whole=names)
 
 
-def test_a_served_core_batches_and_reuses_cached_prefixes(tmp_path):
+@pytest.fixture(scope="module")
+def glm5_core(tmp_path_factory):
+    """(reference, opened core) of GLM-5 (`check_served_core`'s preparation, MIXED included): both served tests'."""
+    return prepared_core(tmp_path_factory.mktemp("glm5-served"), GLM5, mixed=True)
+
+
+def test_a_served_core_batches_and_reuses_cached_prefixes(glm5_core):
     """GLM-5 (a shared layer, interleaved indexer rows) prepared into a signed core and served by the
     runtime: two batched prompts (20 tokens, and 37 past the 32-token prefill capacity: chunked) and a
     continuation of the longer one from the prefix cache give the reference's greedy tokens and
     logits, the index keys of the reused pages included (top-5 of up to 51 positions)."""
-    check_served_core(tmp_path, GLM5)
+    check_served(*glm5_core)
 
 
-def test_preempted_requests_keep_their_index_keys(tmp_path):
+def test_preempted_requests_keep_their_index_keys(glm5_core):
     """Eight pages of 8 tokens cannot hold three requests growing from 12 to 42 tokens at once:
     preemption, recomputed or offloaded to host pages and restored (the index plane with the
     latents), gives the reference's greedy tokens (top-5 of up to 42 positions)."""
-    reference, core = prepared_core(tmp_path, GLM5)
+    reference, core = glm5_core
     generator = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 128, (12,), generator=generator).tolist() for _ in range(3)]
     expected = []

@@ -1,5 +1,5 @@
-"""Gemma and Gemma 2 checkpoints prepared into signed cores and served through the runtime on the C++
-kernels, against transformers in float32.
+"""Gemma 2 (and, with HELIOS_FAMILY_SERVED_SWEEP=1, Gemma) checkpoints prepared into signed cores and served
+through the runtime on the C++ kernels, against transformers in float32.
 
 The shapes: Gemma 1 with head_dim 32 of hidden 64 / 4 heads, tied; Gemma 2 with sliding, full,
 sliding, full layers over a window of 6, ``query_pre_attn_scalar`` other than head_dim, an attention
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pytest
 import transformers
+
+from support.sweeps import in_sweep
 
 from .hf_checkpoints import Family
 from .test_llama_shaped_served import check_served_core
@@ -28,6 +30,10 @@ GEMMA2_SHAPED = Family("gemma2-served", transformers.Gemma2Config, (
 PROMPT_LENS = (4, 20, 37)  # within the window; past it; past the 32-token prefill capacity (chunked)
 
 
-@pytest.mark.parametrize("family", (GEMMA_SHAPED, GEMMA2_SHAPED), ids=lambda family: family.name)
+# Gemma 1 with HELIOS_FAMILY_SERVED_SWEEP=1: by default Gemma 2's and test_gemma3_served's cores serve its
+# switches (the (1 + w) norms, the scaled lookup, the GELU-tanh gated MLP, tied embeddings), and the Qwen3 cores
+# of the server tests a head_dim (32) past hidden_size / heads.
+@pytest.mark.parametrize("family", in_sweep("HELIOS_FAMILY_SERVED_SWEEP", (GEMMA2_SHAPED,), (GEMMA_SHAPED,)),
+                         ids=lambda family: family.name)
 def test_a_served_gemma_core_gives_the_reference_tokens(tmp_path, family):
     check_served_core(tmp_path, family, PROMPT_LENS)

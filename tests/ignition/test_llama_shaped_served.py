@@ -34,14 +34,14 @@ PROMPT_LENS = (20, 37)
 NEW_TOKENS = 6
 
 
-def _prepared(root, family):
+def _prepared(root, family, mixed: bool = False):
     reference = random_model(family, seed=9)
     checkpoint = write_checkpoint(reference, root / "checkpoint")
     write_frontend_files(checkpoint)
     key = SigningKey.generate()
     public = write_key_pair(root / "publisher.key", key, [NAMESPACE])
     plan = CapacityPlan(page_tokens=PAGE_TOKENS, context_tokens=64, prefill_tokens=32, decode_batches=(2,),
-                        token_logprobs=False)
+                        mixed=mixed, token_logprobs=False)
     prepare_core(checkpoint, root / "model.core", key,
                  PrepareOptions(NAMESPACE, dtype="float32", capacities=plan, capture_workers=1))
     return reference, open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[public])
@@ -73,11 +73,22 @@ def _reference_greedy(reference, prompt: list[int]):
     return tokens[len(prompt):], rows
 
 
-def check_served_core(root: Path, family: Family, prompt_lens: tuple[int, ...] = PROMPT_LENS) -> None:
+def check_served_core(root: Path, family: Family, prompt_lens: tuple[int, ...] = PROMPT_LENS,
+                      mixed: bool = False) -> None:
     """Prepares `family`'s random checkpoint (seed 9) into a core under `root`, serves random prompts
     of `prompt_lens` tokens batched and a continuation of the last from the prefix cache, and checks
-    the reference's greedy tokens and logits (test_equivalence's tolerance)."""
-    reference, core = _prepared(root, family)
+    the reference's greedy tokens and logits (test_equivalence's tolerance).
+
+    The core has a MIXED program only with `mixed` (a third of the preparation): without it the scheduler
+    runs prompt chunks and decode rows in steps of their own, through the PREFILL and DECODE programs, which
+    call every kernel a family's switches take. A MIXED program's own path is latent attention's (prompt rows
+    attend to the absorbed latent history, as DECODE's one-token rows do; PREFILL up-projects): the latent
+    families pass `mixed`, and tests/ignition/test_config_fuzz_served serves MIXED on every attention shape."""
+    check_served(*_prepared(root, family, mixed), prompt_lens)
+
+
+def check_served(reference, core, prompt_lens: tuple[int, ...] = PROMPT_LENS) -> None:
+    """`check_served_core`'s run and checks on a prepared `core` of `reference` (from `_prepared`)."""
     generator = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, reference.config.vocab_size, (n,), generator=generator).tolist() for n in prompt_lens]
     for prompt, generated, logits in _served(core, prompts):
