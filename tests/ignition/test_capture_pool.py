@@ -19,21 +19,19 @@ JOBS = [CaptureJob(Operation.DECODE, Capacity(1, 1), ProgramOptions()),
         CaptureJob(Operation.PREFILL, Capacity(1, 8), ProgramOptions(token_logprobs=True))]
 
 
-def test_workers_capture_the_serial_bytes_in_job_order(prepare):
+def test_workers_capture_the_serial_bytes_in_job_order_and_a_worker_error_keeps_its_type(prepare):
+    """One pool (spawning its workers costs more than the captures): the jobs before the failing one
+    arrive in order with the serial bytes, then the failing job's error ends the call with its type."""
     arch = prepare(QWEN2).recipe.architecture
-    order: list[int] = []
+    arrived: list[tuple] = []
     serial = capture_all(arch, JOBS, PAGE_TOKENS, workers=1)
-    pooled = capture_all(arch, JOBS, PAGE_TOKENS, workers=2, on_captured=lambda index, _: order.append(index))
-    assert order == [0, 1]
-    assert [p.program for p in pooled] == [p.program for p in serial]
-    assert [p.spec for p in pooled] == [p.spec for p in serial]
-
-
-def test_a_worker_error_keeps_its_type(prepare):
-    arch = prepare(QWEN2).recipe.architecture
     bad = CaptureJob(Operation.DECODE, Capacity(2, 4), ProgramOptions())  # a DECODE variant needs T == R
     with pytest.raises(CheckpointError, match="T == R"):
-        capture_all(arch, [JOBS[0], bad], PAGE_TOKENS, workers=2)
+        capture_all(arch, [*JOBS, bad], PAGE_TOKENS, workers=2,
+                    on_captured=lambda index, program: arrived.append((index, program)))
+    assert [index for index, _ in arrived] == [0, 1]
+    assert [p.program for _, p in arrived] == [p.program for p in serial]
+    assert [p.spec for _, p in arrived] == [p.spec for p in serial]
 
 
 def test_jobs_that_cannot_be_pickled_are_captured_here(prepare, monkeypatch):
