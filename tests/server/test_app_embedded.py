@@ -9,8 +9,7 @@ import helios.ignition.export
 from helios.cli.main import main
 from helios.core.reader import open_core
 from helios.embedded import prepared as embedded
-from ignition.hf_checkpoints import QWEN3
-from support.chat_checkpoint import write_chat_checkpoint
+from support.embedded_cache import embedded_copy
 
 
 def test_serve_without_a_model_fails_clearly_when_the_embedded_model_is_not_built(tmp_path, monkeypatch, capsys):
@@ -20,11 +19,9 @@ def test_serve_without_a_model_fails_clearly_when_the_embedded_model_is_not_buil
     assert "embedded default model is not built" in capsys.readouterr().err
 
 
-def test_embedded_core_is_prepared_into_the_cache_once(tmp_path, monkeypatch):
-    checkpoint = write_chat_checkpoint(QWEN3, tmp_path / "default_model", seed=5)
-    monkeypatch.setattr(helios.embedded, "default_model_dir", lambda: checkpoint)
-    monkeypatch.setenv(embedded.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(embedded, "DECODE_BATCHES", (1,))
+def test_embedded_core_is_prepared_into_the_cache_once(tmp_path, tmp_path_factory, monkeypatch):
+    # a copy of the cache into which support.embedded_cache prepared the checkpoint, by embedded_core, once a run
+    checkpoint = embedded_copy(tmp_path_factory.getbasetemp(), tmp_path, monkeypatch)
     first = embedded.embedded_core(progress=lambda line: None)
     assert first.path.is_relative_to(tmp_path / "cache")
     core = open_core(first.path, accept=first.namespace, trusted_keys=[first.public_key])

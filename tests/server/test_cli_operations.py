@@ -10,12 +10,9 @@ import json
 import pytest
 
 import helios
-import helios.embedded
 from helios.cli import generate_cmd, serve_cmd
 from helios.cli.main import build_parser, main
-from helios.embedded import prepared as embedded
-from ignition.hf_checkpoints import QWEN3
-from support.chat_checkpoint import write_chat_checkpoint
+from support.embedded_cache import embedded_copy
 
 
 def test_version(capsys):
@@ -40,11 +37,10 @@ def test_every_subcommand_has_a_one_line_description():
         assert text and "\n" not in text and len(text) < 100, name
 
 
-def test_generate_on_the_embedded_model_needs_only_the_prompt(tmp_path, monkeypatch, capsys):
-    checkpoint = write_chat_checkpoint(QWEN3, tmp_path / "default_model", seed=5)
-    monkeypatch.setattr(helios.embedded, "default_model_dir", lambda: checkpoint)
-    monkeypatch.setenv(embedded.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(embedded, "DECODE_BATCHES", (1,))
+def test_generate_on_the_embedded_model_needs_only_the_prompt(tmp_path, tmp_path_factory, monkeypatch, capsys):
+    # the embedded model's cache as its first use left it (support.embedded_cache: prepared once a run; test_app_embedded
+    # checks the preparation into the cache)
+    embedded_copy(tmp_path_factory.getbasetemp(), tmp_path, monkeypatch)
     frozen_while_generating = []
     generate_body = generate_cmd._generate
     monkeypatch.setattr(generate_cmd, "_generate", lambda args, runtime: frozen_while_generating.append(
