@@ -39,8 +39,10 @@ from .test_equivalence import TOLERANCE, relative_error
 NAMESPACE = "test.helios/served-fuzz"
 PAGE_TOKENS = 8
 PREFILL_TOKENS = 32
+# No smaller prefill chunk programs (a third of the preparation): a short prompt or a cached prompt's rest runs
+# the 32-token programs, on the same kernels; test_long_positions' served core keeps a chunk program.
 PLAN = CapacityPlan(page_tokens=PAGE_TOKENS, context_tokens=128, prefill_tokens=PREFILL_TOKENS,
-                    decode_batches=(4,), prefill_chunks=(8,), token_logprobs=False)
+                    decode_batches=(4,), token_logprobs=False)
 PROMPT_LENS = (3, 13, 45)  # within a page; past one page; past the prefill capacity (chunked)
 NEW_TOKENS = 6
 
