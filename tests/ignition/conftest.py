@@ -15,6 +15,7 @@ from helios.ignition.program_spec import Capacity, Operation
 from helios.ignition.recipes import Recipe, load_checkpoint
 
 from support.chat_checkpoint import write_chat_checkpoint
+from support.sweeps import swept
 
 from .hf_checkpoints import QWEN3, Family, random_model, write_checkpoint
 
@@ -30,6 +31,9 @@ ALL_OPERATIONS = tuple(op for op, _ in VARIANTS)
 # transformers through MIXED when PREFILL / DECODE are not captured, and scores through SCORED_PREFILL.
 # test_equivalence's own families (and tests/gpu's family checks) keep the PREFILL and DECODE programs.
 CHECK_OPERATIONS = (Operation.MIXED, Operation.SCORED_PREFILL)
+# What a family module's `prepare(family)` captures: MIXED alone, and SCORED_PREFILL too with
+# HELIOS_EQUIVALENCE_SWEEP=1, which runs FamilyChecks' scored check (see test_equivalence.FamilyChecks).
+FAMILY_OPERATIONS = CHECK_OPERATIONS if swept("HELIOS_EQUIVALENCE_SWEEP") else (Operation.MIXED,)
 
 
 @contextlib.contextmanager
@@ -75,10 +79,10 @@ class Prepared:
 @pytest.fixture(scope="session")
 def prepare(tmp_path_factory):
     """`prepare(family)`: the family's Prepared, its reference and checkpoint built once per session and
-    its `operations` (CHECK_OPERATIONS unless given; ALL_OPERATIONS for every program of VARIANTS) captured."""
+    its `operations` (FAMILY_OPERATIONS unless given; ALL_OPERATIONS for every program of VARIANTS) captured."""
     cache: dict[str, Prepared] = {}
 
-    def get(family: Family, operations=CHECK_OPERATIONS) -> Prepared:
+    def get(family: Family, operations=FAMILY_OPERATIONS) -> Prepared:
         with single_thread():
             if family.name not in cache:
                 cache[family.name] = _prepare(family, tmp_path_factory.mktemp(family.name))
