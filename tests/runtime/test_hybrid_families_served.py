@@ -28,7 +28,7 @@ FAMILIES = [FALCON_H1] + ([GRANITE_HYBRID_DENSE, NEMOTRON_H, NEMOTRON_H_MOE]
 def served(request, tmp_path_factory):
     """(core directory, transformers reference) of the family's signed core."""
     root = tmp_path_factory.mktemp(request.param.name)
-    checkpoint = prepare_signed(request.param, root, NAMESPACE)
+    checkpoint = prepare_signed(request.param, root, NAMESPACE, prefill_chunks=())  # prompt programs of 32 tokens
     reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).float().eval()
     grouped_gated_norm(reference)
     reference.generation_config.eos_token_id = None

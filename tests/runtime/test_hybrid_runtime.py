@@ -59,17 +59,17 @@ def prepared_hybrid(base: Path):
     return root, reference
 
 
-def prepare_signed(family, root: Path, namespace: str) -> Path:
+def prepare_signed(family, root: Path, namespace: str, prefill_chunks: tuple[int, ...] = (8,)) -> Path:
     """`family`'s chat checkpoint (seed 4) written to root/checkpoint and prepared into root/model.core
     for `namespace`, signed by a fresh publisher key (root/publisher.key); returns the checkpoint
     directory. A small plan without token-logprobs programs: no request on these cores asks for
     log-probabilities (the hybrid chat core of tests/server/test_hybrid_chat_turns.py carries them),
-    so each runtime loads half the programs."""
+    so each runtime loads half the programs; prompt programs of 32 tokens and of `prefill_chunks`."""
     checkpoint = write_chat_checkpoint(family, root / "checkpoint", seed=4)
     key = SigningKey.generate()
     write_key_pair(root / "publisher.key", key, [namespace])
     plan = CapacityPlan(page_tokens=8, context_tokens=128, prefill_tokens=32, decode_batches=(1, 4),
-                        prefill_chunks=(8,), token_logprobs=False)
+                        prefill_chunks=prefill_chunks, token_logprobs=False)
     prepare_core(checkpoint, root / "model.core", key, PrepareOptions(namespace, capacities=plan))
     return checkpoint
 
