@@ -2,10 +2,11 @@
 
 One engine process serves the module's ordinary requests (greedy outputs equal the in-thread
 engine's, a grammar compiled again in the engine process, a cancelled request, a grammar the engine
-process cannot compile); the killed-process test and the startup error start their own (spawning
-one costs a few seconds, so there are three). A worker loop that fails runs the link against an
-engine on a thread of this process (its scheduler broken by a patch); a client that disconnects
-from a real `helios serve` (engine process by default) is tests/e2e/test_server.py's.
+process cannot compile, grammar limits and a dead end as in-thread) and is killed by the module's
+last test; the startup error starts one of its own (spawning one costs a few seconds, so there are
+two). A worker loop that fails runs the link against an engine on a thread of this process (its
+scheduler broken by a patch); a client that disconnects from a real `helios serve` (engine process
+by default) is tests/e2e/test_server.py's.
 """
 
 from __future__ import annotations
@@ -155,32 +156,6 @@ def test_requests_the_link_cannot_send_are_refused():
         link.submit(EngineRequest(RequestSpec("r", (1,), 1), on_event=lambda event: None))
     with pytest.raises(ValueError, match="no source"):
         link.submit(EngineRequest(RequestSpec("r", (1,), 1), grammar=object()))
-
-
-def test_a_killed_engine_process_ends_its_requests_and_reports_unhealthy(core):
-    served = _start(core)
-    app = create_app(served)
-    try:
-        consumer = submit_collected(served, RequestSpec("running", (5, 6, 7), 200))
-        wait_for(lambda: consumer.events)  # generating
-        served.engine._process.kill()  # the engine process dies mid-request
-        wait_for(lambda: isinstance(consumer.events[-1], FinishEvent))
-        finish = consumer.events[-1]
-        assert finish.reason is FinishReason.ERROR and "model worker died" in finish.message
-        assert not served.is_healthy
-        assert asyncio.run(_get(app, "/health")).status_code == 503
-        refused = post(app, chat())  # the server cannot serve it: 503, not the 500 of a failed request
-        assert refused.status_code == 503 and "model worker died" in refused.json()["error"]["message"]
-        assert refused.json()["error"]["type"] == "server_shutting_down" and refused.json()["error"]["code"] == 503
-        refused = post(app, {"model": SERVED_ID, "prompt": "hi", "max_tokens": 2, "n": 2}, "/v1/completions")
-        assert refused.status_code == 503 and "model worker died" in refused.json()["error"]["message"]
-        streamed = post(app, chat(stream=True))  # refused before its stream starts
-        assert streamed.status_code == 503 and "model worker died" in streamed.json()["error"]["message"]
-        assert served.admission.in_use == 0
-    finally:
-        started = time.monotonic()
-        served.shutdown()
-        assert time.monotonic() - started < 15
 
 
 async def _get(app, path: str) -> httpx.Response:
@@ -336,3 +311,54 @@ def test_head_on_openapi_json_is_a_405_as_on_every_get_route(served):
     head, health_head, document = asyncio.run(scenario())
     assert (head.status_code, head.headers.get("allow")) == (405, "GET")
     assert head.status_code == health_head.status_code and document.status_code == 200
+
+
+def test_grammar_limits_and_a_dead_end_end_as_in_thread(served):
+    """The engine process compiles each grammar again from its source; each of test_grammar_limit_http's limits, a
+    dead end (test_grammar_dead_end_http's) beside them, and their finishes cross the process boundary as in-thread
+    (this module's one engine process serves all three requests)."""
+    import re
+
+    from support.server_core import assert_serving, chat_body, post_chats
+
+    from server.test_grammar_dead_end_http import DEEP_DEAD_END
+    from server.test_grammar_limit_http import GRAMMARS
+
+    app = create_app(served)
+    *responses, dead_end = post_chats(app, *(chat_body(max_tokens=120, temperature=0, response_format=grammar)
+                                             for grammar, _ in GRAMMARS.values()),
+                                      chat_body(max_tokens=60, temperature=0, response_format=DEEP_DEAD_END))
+    for response, (_, letters) in zip(responses, GRAMMARS.values(), strict=True):
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["finish_reason"] == "grammar_limit" and re.fullmatch(letters, choice["message"]["content"])
+    assert dead_end.status_code == 200, dead_end.text
+    choice = dead_end.json()["choices"][0]
+    assert choice["finish_reason"] == "grammar_dead_end" and re.fullmatch("[b-z]{12}", choice["message"]["content"])
+    assert_serving(app, served)
+
+
+def test_a_killed_engine_process_ends_its_requests_and_reports_unhealthy(served):
+    # the module's engine process, killed last: the tests above it in this file run before it
+    app = create_app(served)
+    try:
+        consumer = submit_collected(served, RequestSpec("running", (5, 6, 7), 200))
+        wait_for(lambda: consumer.events)  # generating
+        served.engine._process.kill()  # the engine process dies mid-request
+        wait_for(lambda: isinstance(consumer.events[-1], FinishEvent))
+        finish = consumer.events[-1]
+        assert finish.reason is FinishReason.ERROR and "model worker died" in finish.message
+        assert not served.is_healthy
+        assert asyncio.run(_get(app, "/health")).status_code == 503
+        refused = post(app, chat())  # the server cannot serve it: 503, not the 500 of a failed request
+        assert refused.status_code == 503 and "model worker died" in refused.json()["error"]["message"]
+        assert refused.json()["error"]["type"] == "server_shutting_down" and refused.json()["error"]["code"] == 503
+        refused = post(app, {"model": SERVED_ID, "prompt": "hi", "max_tokens": 2, "n": 2}, "/v1/completions")
+        assert refused.status_code == 503 and "model worker died" in refused.json()["error"]["message"]
+        streamed = post(app, chat(stream=True))  # refused before its stream starts
+        assert streamed.status_code == 503 and "model worker died" in streamed.json()["error"]["message"]
+        assert served.admission.in_use == 0
+    finally:
+        started = time.monotonic()
+        served.shutdown()
+        assert time.monotonic() - started < 15

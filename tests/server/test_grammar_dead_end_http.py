@@ -69,7 +69,7 @@ def test_a_dead_end_leaves_the_requests_beside_it_untouched(app, served):
     assert_serving(app, served)
 
 
-# In an engine process: test_grammar_limit_http's test_a_limit_and_a_dead_end_in_an_engine_process_end_the_same_way
+# In an engine process: test_engine_process's test_grammar_limits_and_a_dead_end_end_as_in_thread
 # (one engine process for the limits and this dead end).
 
 

@@ -24,7 +24,6 @@ import re
 import httpx
 import pytest
 
-from helios.server.app import create_app
 from support.server_core import assert_serving, chat_body, post_chats
 
 from server.test_grammar_limits import LATE_LIMIT, many_terminals_lark
@@ -212,28 +211,5 @@ def test_a_limit_before_any_output_is_an_error_that_names_it(app, served, monkey
     assert_serving(app, served)
 
 
-def test_a_limit_and_a_dead_end_in_an_engine_process_end_the_same_way(tmp_path_factory):
-    """The engine in its own process compiles the grammar again from its source; each limit, a dead
-    end (test_grammar_dead_end_http's) beside them, and their finishes cross the process boundary as
-    in-thread. One engine process serves all three requests."""
-    from support.engine_served import start_served
-    from support.server_core import tiny_core
-
-    from server.test_grammar_dead_end_http import DEEP_DEAD_END
-
-    served = start_served(tiny_core(tmp_path_factory.getbasetemp()), queue_capacity=4, frontend_workers=1)
-    try:
-        app = create_app(served)
-        *responses, dead_end = post_chats(app, *(chat_body(max_tokens=120, temperature=0, response_format=grammar)
-                                                 for grammar, _ in GRAMMARS.values()),
-                                          chat_body(max_tokens=60, temperature=0, response_format=DEEP_DEAD_END))
-        for response, (_, letters) in zip(responses, GRAMMARS.values(), strict=True):
-            assert response.status_code == 200, response.text
-            choice = response.json()["choices"][0]
-            assert choice["finish_reason"] == "grammar_limit" and re.fullmatch(letters, choice["message"]["content"])
-        assert dead_end.status_code == 200, dead_end.text
-        choice = dead_end.json()["choices"][0]
-        assert choice["finish_reason"] == "grammar_dead_end" and re.fullmatch("[b-z]{12}", choice["message"]["content"])
-        assert_serving(app, served)
-    finally:
-        served.shutdown()
+# The same limits in an engine process (the grammar compiled again there, beside test_grammar_dead_end_http's dead
+# end): test_engine_process's test_grammar_limits_and_a_dead_end_end_as_in_thread, on that module's engine process.

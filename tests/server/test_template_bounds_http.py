@@ -35,7 +35,8 @@ def served(tmp_path_factory):
     config.write_text(json.dumps({**json.loads(config.read_text()), "chat_template": TRAP + CHAT_TEMPLATE}))
     key = SigningKey.generate()
     write_key_pair(root / "publisher.key", key, [NAMESPACE])
-    plan = CapacityPlan(context_tokens=64, prefill_tokens=16, decode_batches=(1,))
+    # the fewest programs (no mixed step, no token log-probabilities): the requests here are two short chats
+    plan = CapacityPlan(context_tokens=64, prefill_tokens=16, decode_batches=(1,), mixed=False, token_logprobs=False)
     prepare_core(checkpoint, root / "model.core", key, PrepareOptions(NAMESPACE, served_id="trap", capacities=plan))
     opened = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[root / "publisher.key.pub"])
     runtime = build_runtime(opened, RuntimeOptions(queue_capacity=2))
