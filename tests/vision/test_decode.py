@@ -91,7 +91,8 @@ def test_remote_urls_are_fetched_only_when_enabled():
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for the loop to poll: every 0.05 s, not the default 0.5 s
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         with pytest.raises(ImageRejected, match="not fetched"):

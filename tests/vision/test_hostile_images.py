@@ -391,7 +391,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def remote():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for the loop to poll: every 0.05 s, not the default 0.5 s
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 

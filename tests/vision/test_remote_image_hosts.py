@@ -66,7 +66,8 @@ def _handler(redirect_to: str | None = None):
 
 def _start(host: str = "127.0.0.1", redirect_to: str | None = None) -> _Server:
     server = _Server((host, 0), _handler(redirect_to))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for the loop to poll: every 0.05 s, not the default 0.5 s
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server
 
 
