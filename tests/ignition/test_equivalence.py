@@ -210,18 +210,20 @@ class FamilyChecks:
     fixture (one prepared checkpoint per module serves these and the module's own tests). With the
     default `prepare(family)` (MIXED captured) every generation step runs MIXED.
 
-    The scored check (and the SCORED_PREFILL program `prepare` captures for it) runs with
-    HELIOS_EQUIVALENCE_SWEEP=1: a scoring program runs the family's decoder as MIXED does (the three
-    checks here), then scores every row with the family's logits; by default this module's ten families
-    score through captured programs (dense, mixture, latent, sink and window layers), test_config_fuzz
-    scores every drawn family group's eager program, and test_phi3_recipe scores past LongRoPE's context."""
+    The scored check (and the SCORED_PREFILL program `prepare` captures for it) and the single-prompt
+    check run with HELIOS_EQUIVALENCE_SWEEP=1. A scoring program runs the family's decoder as MIXED does
+    (the checks here), then scores every row with the family's logits; by default this module's ten
+    families score through captured programs (dense, mixture, latent, sink and window layers),
+    test_config_fuzz scores every drawn family group's eager program, and test_phi3_recipe scores past
+    LongRoPE's context. With MIXED alone, a single prompt's prefill and decode steps are those the
+    continuous batch check runs for each of its prompts."""
 
     if swept("HELIOS_EQUIVALENCE_SWEEP"):
         def test_scored_prefill_logits_and_logprobs_match(self, prepared):
             test_scored_prefill_logits_and_logprobs_match(prepared)
 
-    def test_single_prompt_greedy_matches(self, prepared):
-        test_single_prompt_greedy_matches(prepared)
+        def test_single_prompt_greedy_matches(self, prepared):
+            test_single_prompt_greedy_matches(prepared)
 
     def test_continuous_batch_of_different_lengths_matches(self, prepared):
         test_continuous_batch_of_different_lengths_matches(prepared)
