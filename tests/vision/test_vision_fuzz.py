@@ -101,7 +101,11 @@ class Family:
     logprobs: bool  # the core has token-logprobs programs: some requests ask for log-probabilities
 
 
-FAMILIES = {"qwen2.5-vl": Family("vl-core", tiny_model, hf_image_processor, {}, 2, 20261205, True)}
+# One random batch before the preemption batch by default (its requests, repeat and twins meet the feature
+# cache, the prefix cache and each other concurrently, the preemption batch's meet them later); a second
+# one, more random requests on the same paths, with HELIOS_VISION_FUZZ_SWEEP=1.
+QWEN2_5_BATCHES = 2 if swept("HELIOS_VISION_FUZZ_SWEEP") else 1
+FAMILIES = {"qwen2.5-vl": Family("vl-core", tiny_model, hf_image_processor, {}, QWEN2_5_BATCHES, 20261205, True)}
 # Qwen3-VL's fuzz runs with HELIOS_VISION_FUZZ_SWEEP=1: Qwen2.5-VL's takes the same serving path (image
 # cache, feature reuse, preemption) by default, and test_vl3_server checks Qwen3-VL's tokens against
 # transformers with one and two images and its repeated image encoded once.

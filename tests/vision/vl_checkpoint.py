@@ -83,10 +83,13 @@ def shared_vl_core(base: Path, name: str, model_factory=None, **options):
     """`prepare_vl_core` into `<run>/name` once per test run, shared by the xdist workers
     (`support.shared_prepare`): the model is built here in every process (`model_factory`, default
     the tiny Qwen2.5-VL; seeded, so every worker has the weights that were prepared) and the core is
-    prepared by the first worker that asks. Returns (transformers model, TinyCore)."""
+    prepared by the first worker that asks. Decode batches of 4 alone unless `options` name others (the
+    shared cores serve up to four requests at once; a lone request decodes in the batch of 4, which saves
+    the batch of 1's programs' captures). Returns (transformers model, TinyCore)."""
     from support.server_core import TinyCore
     from support.shared_prepare import prepared_once, shared_root
 
+    options = {"decode_batches": "4", **options}
     root = shared_root(base) / name
     model = (model_factory or tiny_model)()
     done = root / ".prepared"
