@@ -22,7 +22,10 @@ has patched them all already and undoes its patches when it ends. The names of e
 builtins are listed once (each call still patches exactly the members whose current value is a
 builtin), and a helper whose namespaces the launch (or a helper before it) patched is not patched
 again. Its ``_get_np_dtype``, called for most operations, builds its table of numpy dtypes once, not
-at every call.
+at every call. And a ``tl.tensor``'s shape (a ``tl.tuple`` of constexprs, whose type spells its name
+out) and element count are built once per block shape and shared by the tensors of that shape (they
+are never mutated), not for every tensor an operation returns (a fifth of an interpreted kernel's
+time).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def enable_interpreter() -> None:
     _fix_interpreter_patch_cost()
     _fix_interpreter_nested_patches()
     _fix_interpreter_dtype_table()
+    _fix_interpreter_tensor_shapes()
 
 
 def _fix_interpreter_index() -> None:
@@ -210,3 +214,28 @@ def _fix_interpreter_dtype_table() -> None:
 
     get_np_dtype.helios_table_once = True
     interpreter._get_np_dtype = get_np_dtype
+
+
+def _fix_interpreter_tensor_shapes() -> None:
+    """Replace ``tl.tensor.__init__`` once with one that shares a block shape's ``shape`` and ``numel``
+    (the same values triton 3.6's builds: a ``tl.tuple`` of constexprs, the product as a constexpr)."""
+    import math
+
+    from triton.language import core
+
+    if getattr(core.tensor.__init__, "helios_shapes_once", False):
+        return
+    shapes: dict[tuple, tuple] = {}  # block shape (ints; () for a scalar) -> (numel, shape)
+
+    def tensor_init(self, handle, type):  # noqa: A002 (triton's parameter name)
+        self.handle = handle
+        self.type = type
+        self.dtype = type.scalar
+        dims = tuple(type.shape) if type.is_block() else ()
+        known = shapes.get(dims)
+        if known is None:
+            known = shapes[dims] = (core.constexpr(math.prod(dims)), core.tuple([core.constexpr(d) for d in dims]))
+        self.numel, self.shape = known
+
+    tensor_init.helios_shapes_once = True
+    core.tensor.__init__ = tensor_init
