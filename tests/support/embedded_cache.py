@@ -5,38 +5,28 @@ checkpoint's content digest, so the copy finds its core), which it may change fr
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
+
+import pytest
 
 from support.shared_prepare import prepared_once, shared_root
 
 
-def _patched(checkpoint: Path, cache: Path):
-    """Points `helios.embedded` at `checkpoint` and `cache` with one decode batch; returns the undo."""
+def _point(monkeypatch, checkpoint: Path, cache: Path) -> None:
+    """Points `helios.embedded` at `checkpoint` and `cache`, with one decode batch, through `monkeypatch`."""
     import helios.embedded
     from helios.embedded import prepared as embedded
 
-    saved = (helios.embedded.default_model_dir, os.environ.get(embedded.CACHE_ENV), embedded.DECODE_BATCHES)
-    helios.embedded.default_model_dir = lambda: checkpoint
-    os.environ[embedded.CACHE_ENV] = str(cache)
-    embedded.DECODE_BATCHES = (1,)
-
-    def undo() -> None:
-        helios.embedded.default_model_dir, cache_env, embedded.DECODE_BATCHES = saved
-        if cache_env is None:
-            os.environ.pop(embedded.CACHE_ENV, None)
-        else:
-            os.environ[embedded.CACHE_ENV] = cache_env
-
-    return undo
+    monkeypatch.setattr(helios.embedded, "default_model_dir", lambda: checkpoint)
+    monkeypatch.setenv(embedded.CACHE_ENV, str(cache))
+    monkeypatch.setattr(embedded, "DECODE_BATCHES", (1,))
 
 
 def embedded_copy(base: Path, into: Path, monkeypatch) -> Path:
     """`into/default_model` (the checkpoint) and `into/cache` (its prepared core) copied from the run's
     once-prepared cache under `base`'s shared root, with `monkeypatch` pointing `helios.embedded` at them
     (default_model_dir, the cache variable, one decode batch); the checkpoint's path."""
-    import helios.embedded
     from helios.embedded import prepared as embedded
     from ignition.hf_checkpoints import QWEN3
     from support.chat_checkpoint import write_chat_checkpoint
@@ -47,11 +37,9 @@ def embedded_copy(base: Path, into: Path, monkeypatch) -> Path:
     def prepare() -> None:
         root.mkdir(parents=True, exist_ok=True)
         checkpoint = write_chat_checkpoint(QWEN3, root / "default_model", seed=5)
-        undo = _patched(checkpoint, root / "cache")
-        try:
+        with pytest.MonkeyPatch.context() as patch:
+            _point(patch, checkpoint, root / "cache")
             core = embedded.embedded_core(progress=lambda line: None)
-        finally:
-            undo()
         assert core.path.is_file() and core.path.is_relative_to(root / "cache"), core
         done.touch()
 
@@ -59,7 +47,5 @@ def embedded_copy(base: Path, into: Path, monkeypatch) -> Path:
     checkpoint = into / "default_model"
     shutil.copytree(root / "default_model", checkpoint)
     shutil.copytree(root / "cache", into / "cache")
-    monkeypatch.setattr(helios.embedded, "default_model_dir", lambda: checkpoint)
-    monkeypatch.setenv(embedded.CACHE_ENV, str(into / "cache"))
-    monkeypatch.setattr(embedded, "DECODE_BATCHES", (1,))
+    _point(monkeypatch, checkpoint, into / "cache")
     return checkpoint
