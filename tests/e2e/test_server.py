@@ -8,6 +8,10 @@ text. Greedy requests for the prompt "hello" run to their output limit (no EOS) 
 The server admits 3 requests (max-active 2 + queue-capacity 1), so the load tests can overrun it:
 rejected clients get 429, admitted ones their complete stream, a paused reader holds back neither
 the engine nor other streams, and nothing hangs (every wait has a deadline). Nothing is timed.
+
+The server runs as an operator runs it, too: the API key from HELIOS_API_KEY (every client here sends
+it), an alias among its served names, one access-log line per request on stderr, latency histograms in
+/metrics.
 """
 
 from __future__ import annotations
@@ -25,13 +29,18 @@ from support.server_core import SERVED_ID, ServerProcess, tiny_core
 
 EOS_ID = 1  # <|im_end|> in the test tokenizer (support.chat_checkpoint)
 NUM_CLIENTS = 24  # far more than the 3 admission permits
+KEY = "sk-e2e"  # HELIOS_API_KEY: /v1/ requests without it get 401
+AUTH = {"Authorization": f"Bearer {KEY}"}
+ALIAS = "tiny-alias"  # --served-model-name SERVED_ID ALIAS
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     core = tiny_core(tmp_path_factory.getbasetemp())
-    process = ServerProcess(core, "--max-active", "2", "--queue-capacity", "1",
-                            log=tmp_path_factory.mktemp("serve") / "server.log")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HELIOS_API_KEY", KEY)
+        process = ServerProcess(core, "--max-active", "2", "--queue-capacity", "1", "--served-model-name", SERVED_ID,
+                                ALIAS, log=tmp_path_factory.mktemp("serve") / "server.log")
     yield process
     code, log = process.terminate()
     assert code == -signal.SIGTERM and "Application shutdown complete" in log and "Traceback" not in log, log
@@ -39,12 +48,12 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")
 def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
+    with httpx.Client(base_url=server.url, timeout=60, headers=AUTH) as client:
         yield client
 
 
@@ -134,7 +143,7 @@ def test_text_completions_with_text_and_id_prompts(client):
 
 
 def test_models_and_client_errors(client):
-    assert [model.id for model in client.models.list().data] == [SERVED_ID]
+    assert [model.id for model in client.models.list().data] == [SERVED_ID, ALIAS]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=SERVED_ID, messages=messages(), top_logprobs=2)  # needs logprobs
     with pytest.raises(openai.NotFoundError):
@@ -265,6 +274,33 @@ def test_disconnect_cancels_the_request_and_frees_its_slot(http):
     assert metric(http, "helios_requests_active") == 0
 
 
+# -- operators ------------------------------------------------------------------------------------
+
+
+def test_key_names_access_log_and_histograms(server, http):
+    """(Was test_server_operations' own server: this one serves with the key and the alias.)"""
+    anonymous = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError):
+        anonymous.models.list()
+    assert httpx.get(server.url + "/v1/models", timeout=60).status_code == 401  # no key at all
+    latency = f'helios_e2e_request_latency_seconds_count{{model_name="{SERVED_ID}"}}'
+    before = metric(http, latency)
+    api = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    response = api.completions.create(model=ALIAS, prompt="hello", max_tokens=3, temperature=0, user="bob")
+    assert response.model == SERVED_ID and response.usage.completion_tokens == 3
+    streamed = list(api.chat.completions.create(model=SERVED_ID, messages=messages("hi"), max_tokens=2,
+                                                temperature=0, stream=True, user="carol"))
+    assert streamed[-1].choices[0].finish_reason == "length"
+    assert metric(http, latency) == before + 2  # one per request, under the served id (the alias's too)
+    lines = [line for line in server.log.read_text().splitlines() if "access:" in line and "/v1/" in line]
+    assert any('"GET /v1/models" 401' in line for line in lines)
+    completion = [line for line in lines if 'user="bob"' in line]
+    assert len(completion) == 1 and '"POST /v1/completions" 200' in completion[0], completion
+    assert "completion_tokens=3" in completion[0]
+    chat = [line for line in lines if 'user="carol"' in line]
+    assert len(chat) == 1 and '"POST /v1/chat/completions" 200' in chat[0] and "completion_tokens=2" in chat[0], chat
+
+
 # -- load -------------------------------------------------------------------------------------------
 
 
@@ -290,7 +326,7 @@ def test_overload_gets_429_and_every_admitted_request_completes(server, http):
 
     async def crowd():
         limits = httpx.Limits(max_connections=NUM_CLIENTS)
-        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits, headers=AUTH) as client:
             return await asyncio.gather(*(one(client, seed) for seed in range(NUM_CLIENTS)))
 
     before = metric(http, 'helios_http_responses_total{endpoint="chat",status="429"}')
@@ -313,7 +349,8 @@ def test_a_paused_reader_slows_neither_the_engine_nor_other_streams(server, http
     finished = 'helios_requests_finished_total{reason="length"}'
     before = metric(http, finished)
     slow_body = load_chat(max_tokens=120, temperature=0, return_token_ids=True)
-    with httpx.Client(base_url=server.url, timeout=60) as slow, httpx.Client(base_url=server.url, timeout=60) as fast:
+    with httpx.Client(base_url=server.url, timeout=60, headers=AUTH) as slow, \
+            httpx.Client(base_url=server.url, timeout=60, headers=AUTH) as fast:
         with slow.stream("POST", "/v1/chat/completions", json=slow_body) as paused:
             lines = paused.iter_lines()
             assert next(lines).startswith("data: ")  # the reader takes its first event, then pauses
@@ -345,7 +382,7 @@ def test_sigterm_drains_the_response_in_flight_and_refuses_new_connections(serve
     in-flight stream completes, then the app stops the model worker and the process ends by the
     signal (the module's server, last: its fixture then checks the exit status and log)."""
     body = {"model": SERVED_ID, "messages": messages(), "max_tokens": 150, "temperature": 0, "stream": True}
-    with httpx.Client(base_url=server.url, timeout=60) as client:
+    with httpx.Client(base_url=server.url, timeout=60, headers=AUTH) as client:
         with client.stream("POST", "/v1/chat/completions", json=body) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")
