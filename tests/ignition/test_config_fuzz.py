@@ -956,11 +956,12 @@ SWEEP = "HELIOS_CONFIG_FUZZ_SWEEP"
 
 def _seeds(count: int, variable: str | None = None) -> range:
     """A family's seeds: `variable`'s count where it is set (a wider sweep of one family), all `count` in the
-    HELIOS_CONFIG_FUZZ_SWEEP sweep, else the first half of them (every family keeps its draws' code paths
-    by default: each seed is one more random configuration on the same ones)."""
+    HELIOS_CONFIG_FUZZ_SWEEP sweep, else the first quarter of them (every family keeps its draws' code paths
+    by default: each seed is one more random configuration on the same ones, and PINNED keeps the
+    configurations the sweeps found defects in)."""
     if variable and os.environ.get(variable):
         return range(int(os.environ[variable]))
-    return range(count if swept(SWEEP) else -(-count // 2))
+    return range(count if swept(SWEEP) else -(-count // 4))
 
 
 _LLAMA_SHAPED_SEEDS = _seeds(16, "HELIOS_LLAMA_SHAPED_FUZZ_SEEDS")

@@ -55,8 +55,8 @@ def test_two_ranks_hold_their_heads_entries_of_the_qk_norms(checkpoint):
 
 
 # HELIOS_FAMILY_SERVED_SWEEP: by default the C++ kernels serve OLMoE's switches through other families'
-# cores: whole-projection q/k norms in test_minimax_m2_recipe's and test_glm4_olmo_served's (OLMo 3), a
-# softmax top-k without renormalisation in test_qwen2_moe_recipe's.
+# cores: whole-projection q/k norms in test_minimax_m2_recipe's, a softmax top-k without renormalisation in
+# test_qwen2_moe_recipe's.
 if swept("HELIOS_FAMILY_SERVED_SWEEP"):
     def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path):
         check_served_core(tmp_path, OLMOE)

@@ -14,7 +14,7 @@ from .test_llama_shaped_served import check_served_core
 
 # HELIOS_FAMILY_SERVED_SWEEP: by default other families' served cores take each of Phi-2's switches: LayerNorms
 # with biases and the non-gated GELU-tanh MLP (test_starcoder2_served), the parallel block (test_cohere_served),
-# partial rotary (test_glm4_olmo_served's GLM-4, test_minimax_m2_recipe) and the lm_head bias (test_phimoe_recipe).
+# partial rotary (test_minimax_m2_recipe) and the lm_head bias (test_phimoe_recipe).
 if swept("HELIOS_FAMILY_SERVED_SWEEP"):
     def test_a_served_core_gives_the_reference_tokens_and_logits(tmp_path):
         check_served_core(tmp_path, PHI2)

@@ -27,7 +27,7 @@ reference re-reads such a checkpoint with ``head_dim`` written out (`_reference`
 replaces a top-level ``partial_rotary_factor`` with 0.5, only the rope dict's own counting; Helios
 reads it the same way, and the legacy draws put it at the top level too.)
 
-``HELIOS_ROPE_FUZZ_SEEDS`` (default 60) sets the number of drawn cases; ``HELIOS_ROPE_FUZZ_GREEDY``
+``HELIOS_ROPE_FUZZ_SEEDS`` (default 30; 60 with HELIOS_CONFIG_FUZZ_SWEEP=1) sets the number of drawn cases; ``HELIOS_ROPE_FUZZ_GREEDY``
 (default 6) how often an accepted one also runs end to end. `PINNED` keeps the configurations the
 fuzz found defects in.
 """
@@ -50,13 +50,16 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.recipes import load_checkpoint
+from support.sweeps import swept
 
 from .driver import PagedModel, Sequence, generate
 from .hf_checkpoints import Family, random_model, write_checkpoint
 from .test_config_fuzz import _DEEPSEEK, _GLM, _TINY, _programs
 from .test_equivalence import TOLERANCE, relative_error
 
-SEEDS = int(os.environ.get("HELIOS_ROPE_FUZZ_SEEDS", "60"))
+# Half the draws by default, every one with HELIOS_CONFIG_FUZZ_SWEEP=1: each seed is one more drawn rope on the same
+# recipes' rope readers, and PINNED keeps the configurations the fuzz found defects in.
+SEEDS = int(os.environ.get("HELIOS_ROPE_FUZZ_SEEDS", "60" if swept("HELIOS_CONFIG_FUZZ_SWEEP") else "30"))
 GREEDY_EVERY = int(os.environ.get("HELIOS_ROPE_FUZZ_GREEDY", "6"))
 MAX_POSITIONS = 512  # every family's max_position_embeddings
 PROMPT_LEN, NEW_TOKENS = 9, 3
