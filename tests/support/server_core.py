@@ -128,12 +128,13 @@ def tiny_core(base: Path, name: str = "helios-server-core", plan=None) -> TinyCo
 
 def scored_core(base: Path) -> TinyCore:
     """The tiny Qwen3 chat checkpoint prepared with scored prefill (echo with log-probabilities, prompt_logprobs):
-    128 tokens of context, 16-token prefill steps, decode batches of 1 and 4 and mixed steps, once per run in
-    `scored-core` under `base`'s shared root. test_prompt_scores, test_echo_offsets, test_full_context_scores,
-    test_stream_parity and test_logprobs_reference's dense core all serve this one core."""
+    128 tokens of context, 16-token prefill steps, decode batches of 4 (a lone request decodes in one of its
+    rows) and mixed steps, once per run in `scored-core` under `base`'s shared root. test_prompt_scores,
+    test_echo_offsets, test_full_context_scores, test_stream_parity and test_logprobs_reference's dense core all
+    serve this one core."""
     from helios.ignition.export import CapacityPlan
 
-    return tiny_core(base, "scored-core", CapacityPlan(context_tokens=128, prefill_tokens=16, decode_batches=(1, 4),
+    return tiny_core(base, "scored-core", CapacityPlan(context_tokens=128, prefill_tokens=16, decode_batches=(4,),
                                                        scored_prefill=True))
 
 
