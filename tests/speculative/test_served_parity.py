@@ -1,14 +1,15 @@
 """Speculation served over HTTP answers what the same core answers without it (a differential test).
 
 One tiny chat core (the server tests' Qwen3-shaped checkpoint with the test tokenizer and chat
-template) is prepared with a one-layer truncated copy of itself as the draft (speculative widths 1
+template, prepared with a one-layer truncated copy of itself as the draft: speculative widths 1
 and 4, so D = 3 proposals a round; the draft agrees about one time in three: rounds both accept
-drafted runs and reject them) and served twice in this process: speculating with the learned draft
-("learned") and `--speculative-width 1` (the documented switch that turns speculation off: the
-reference); with HELIOS_SPECULATIVE_SWEEP=1 also with history drafting too ("history"), with a
-scheduler that never picks speculative programs ("decode": plain DECODE steps) and the same weights
-prepared with device prefix allocation (ceilings of 4 a lane within P = 2 a lane) and MIXED steps
-("allocating": test_prepared_core.py's core, prepared once a run).
+drafted runs and reject them; prefixes allocated on the device, ceilings of 4 a lane within P = 2
+a lane, and MIXED steps: test_prepared_core.py's core, `support.allocating_core`, prepared once a
+run) is served twice in this process: speculating with the learned draft ("learned") and
+`--speculative-width 1` (the documented switch that turns speculation off: the reference); with
+HELIOS_SPECULATIVE_SWEEP=1 also with history drafting too ("history"), with a scheduler that never
+picks speculative programs ("decode": plain DECODE steps) and the same weights prepared without
+prefix allocation or MIXED steps ("unallocated", prepared by this module).
 
 Every greedy request below goes to the learned server alone (the history server too with
 HELIOS_SPECULATIVE_SWEEP=1), as JSON and as a stream, and must come back as the reference answers
@@ -20,9 +21,9 @@ prompt_logprobs, json_schema output, tools with tool_choice required and named, 
 drafted token, presence/frequency/repetition penalties on outputs that repeat (a drafted token must
 see the penalties of the tokens accepted before it). Then all of them at once on every server but
 the reference, each case JSON or streamed in turn (speculating lanes beside lanes that cannot draft
-in one round, beside requests that keep every step plain, and on "allocating", with the sweep, in
-rounds trimmed to P and in MIXED steps). HELIOS_SPECULATIVE_SWEEP=1 sends every case both ways there, and adds the
-cases whose paths default cases take (`_SWEPT_CASES`).
+in one round, beside requests that keep every step plain, and on "learned" in rounds trimmed to P and
+in MIXED steps). HELIOS_SPECULATIVE_SWEEP=1 sends every case both ways there, and adds the cases whose
+paths default cases take (`_SWEPT_CASES`).
 
 Sampling (temperature 1): verification is rejection sampling, whose tokens depend on where a
 lane's rounds fall, so speculating sampled output is compared by distribution with the target's
@@ -54,11 +55,9 @@ from helios.runtime.scheduling.policy import SchedulerPolicy
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.service import ServedModel
-from ignition.hf_checkpoints import QWEN3
-from support.chat_checkpoint import write_chat_checkpoint
 from support.sweeps import in_sweep, swept
 
-from .support import ALLOCATING_NAMESPACE, ALLOCATING_SERVED_ID, Counting, allocating_core, write_truncated_checkpoint
+from .support import ALLOCATING_NAMESPACE, ALLOCATING_SERVED_ID, Counting, allocating_core
 
 NAMESPACE = "test.helios/served-speculation"
 SERVED_ID = "tiny-chat"
@@ -76,13 +75,13 @@ ALONE = SPECULATING
 # take plain steps on the same core for requests that cannot draft, and test_equivalence decodes ordinarily on
 # speculative cores.
 PLAIN = in_sweep("HELIOS_SPECULATIVE_SWEEP", (), ("decode",))
-ALLOCATING = "allocating"  # the same weights prepared with device prefix allocation and MIXED steps
-# "allocating" is started only with HELIOS_SPECULATIVE_SWEEP=1 too (for the suite's time): by default test_prepared_core
-# generates on the same captured core (prefix allocation trimming rounds to P, a chunked prompt's MIXED steps beside
-# speculating lanes, tokens equal to transformers'), and test_equivalence's
-# test_device_allocation_within_a_smaller_packed_capacity and chunked prompts check allocation and MIXED steps beside
-# speculative rounds against ordinary decoding; the served path it would take is "learned"'s.
-ALLOCATED = in_sweep("HELIOS_SPECULATIVE_SWEEP", (), (ALLOCATING,))
+UNALLOCATED = "unallocated"  # the same weights prepared without device prefix allocation or MIXED steps
+# "unallocated" is started only with HELIOS_SPECULATIVE_SWEEP=1 too (for the suite's time, its core is prepared then
+# only): its lanes verify whole rounds and decode beside no prompt; by default test_deepseek_core generates on a
+# captured core that speculates so (tokens equal to plain decoding and transformers'), test_example_core_server serves
+# one over HTTP, and test_equivalence decodes speculatively without allocation for every attention path; the served
+# path it would take is "learned"'s.
+ALLOCATED = in_sweep("HELIOS_SPECULATIVE_SWEEP", (), (UNALLOCATED,))
 WIDTH, DRAFTS = 4, 3
 # A prompt whose greedy output repeats one token (298, "ld") many times: stops, penalties and a
 # bias on that token all act inside runs the draft proposes.
@@ -121,13 +120,18 @@ def prepare(checkpoint, root, key: SigningKey, speculative: SpeculativePlan):
 
 @pytest.fixture(scope="module")
 def checkpoint_and_core(tmp_path_factory):
+    """The checkpoint, its draft and the allocating core (test_prepared_core's, prepared once a run)."""
+    made = allocating_core(tmp_path_factory)
+    return made.checkpoint, made.draft, made
+
+
+def unallocated_core(tmp_path_factory, checkpoint, draft) -> tuple:
+    """The same weights prepared without prefix allocation or MIXED steps (HELIOS_SPECULATIVE_SWEEP=1 only)."""
     root = tmp_path_factory.mktemp("served-speculation")
-    checkpoint = write_chat_checkpoint(QWEN3, root / "checkpoint", seed=3)
-    draft = write_truncated_checkpoint(checkpoint, root / "draft", 1)
     key = SigningKey.generate()
     write_key_pair(root / "publisher.key", key, [NAMESPACE])
     prepare(checkpoint, root, key, SpeculativePlan(draft, widths=(1, WIDTH)))
-    return checkpoint, draft, root
+    return root / "model.core", root / "publisher.key.pub", NAMESPACE
 
 
 def start_server(core, startup: StartupOptions, policy: SchedulerPolicy = SchedulerPolicy(), public_key=None,
@@ -153,21 +157,19 @@ def runner():
 
 @pytest.fixture(scope="module")
 def servers(checkpoint_and_core, tmp_path_factory):
-    _, _, root = checkpoint_and_core
-    # the same weights prepared with device prefix allocation (ceilings of 4 a lane within P = 2 a
-    # lane: a lane's length depends on the others' confidence) and MIXED steps (decoding lanes
-    # take one plain token beside a prompt): test_prepared_core's core (support.allocating_core)
-    allocating = allocating_core(tmp_path_factory) if ALLOCATED else None
+    checkpoint, draft, allocating = checkpoint_and_core
+    # device prefix allocation (ceilings of 4 a lane within P = 2 a lane: a lane's length depends on
+    # the others' confidence) and MIXED steps (decoding lanes take one plain token beside a prompt)
     assert ALLOCATING_SERVED_ID == SERVED_ID
-    here = (root / "model.core", root / "publisher.key.pub", NAMESPACE)
+    here = (allocating.core, allocating.public_key, ALLOCATING_NAMESPACE)
     configurations = {
         "learned": (here, StartupOptions(), SchedulerPolicy()),
         **({"history": (here, StartupOptions(history_drafting=True), SchedulerPolicy())}
            if "history" in SPECULATING else {}),
         REFERENCE: (here, StartupOptions(speculative_width=1), SchedulerPolicy()),
         **({"decode": (here, StartupOptions(), SchedulerPolicy(speculative=False))} if PLAIN else {}),
-        **({ALLOCATING: ((allocating.core, allocating.public_key, ALLOCATING_NAMESPACE), StartupOptions(),
-                         SchedulerPolicy())} if ALLOCATED else {}),
+        **({UNALLOCATED: (unallocated_core(tmp_path_factory, checkpoint, draft), StartupOptions(),
+                          SchedulerPolicy())} if ALLOCATED else {}),
     }
     started = {}
     try:
@@ -415,7 +417,7 @@ def test_all_requests_at_once_are_answered_as_one_at_a_time(server_name, servers
     if server_name != "decode":
         assert counting.accepted > accepted
         assert len(server.mixed_rounds) > before_mixed
-    if server_name == ALLOCATING:  # rounds trimmed to P, and decoding lanes in MIXED steps
+    if server_name == "learned":  # rounds trimmed to P, and decoding lanes in MIXED steps
         assert counting.trimmed_rounds > trimmed and counting.operations["MIXED"] > mixed_steps
 
 
@@ -483,8 +485,8 @@ SEEDED = {"model": SERVED_ID, "prompt": REPEATING, "max_tokens": 24, "seed": 41,
 @pytest.mark.parametrize("server_name", [*ALONE, *ALLOCATED])
 def test_seeded_choices_equal_single_requests_with_their_seeds(server_name, servers, runner):
     # README: choice j samples with seed s + j and equals a single request with that seed. A
-    # speculating lane's tokens would depend on its rounds, which the other lanes move (on
-    # "allocating": prefix allocation within P, MIXED steps): seeded requests never speculate.
+    # speculating lane's tokens would depend on its rounds, which the other lanes move (prefix
+    # allocation within P, MIXED steps too): seeded requests never speculate.
     server = servers[server_name]
 
     async def ask():
