@@ -1,5 +1,12 @@
 """`helios serve` with no model serves the embedded default model: it answers arithmetic with its
-reasoning in the reasoning field, and calls a declared tool with schema-valid arguments."""
+reasoning in the reasoning field, and calls a declared tool with schema-valid arguments.
+
+The model is prepared into a fresh cache on the server's first start, by default with one decode batch
+(a driver sets `helios.embedded.prepared.DECODE_BATCHES` before `helios serve` runs): the requests here
+come one at a time, so they decode in the batch of 1 with any plan, and capturing the default plan's
+larger batches takes the capture path the tiny cores' batches of 4 and 8 take (tests/e2e/test_server).
+HELIOS_EMBEDDED_PLAN_SWEEP=1 prepares the default plan itself, as a user's first start does.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +21,33 @@ import pytest
 from openai import OpenAI
 
 from helios.embedded import default_tools
+from support.sweeps import swept
+
+ONE_DECODE_BATCH_DRIVER = """
+import sys
+
+from helios.embedded import prepared
+
+prepared.DECODE_BATCHES = (1,)
+
+if __name__ == "__main__":
+    from helios.cli.main import main
+
+    sys.exit(main())
+"""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    env = dict(os.environ, HELIOS_CACHE=str(tmp_path_factory.mktemp("cache")), PYTHONUNBUFFERED="1")
-    process = subprocess.Popen([sys.executable, "-m", "helios.cli.main", "serve", "--port", "0"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    root = tmp_path_factory.mktemp("embedded")
+    env = dict(os.environ, HELIOS_CACHE=str(root / "cache"), PYTHONUNBUFFERED="1")
+    if swept("HELIOS_EMBEDDED_PLAN_SWEEP"):  # the default plan, DECODE_BATCHES as shipped
+        command = [sys.executable, "-m", "helios.cli.main", "serve", "--port", "0"]
+    else:
+        driver = root / "one_decode_batch.py"
+        driver.write_text(ONE_DECODE_BATCH_DRIVER)
+        command = [sys.executable, str(driver), "serve", "--port", "0"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = None
     deadline = time.monotonic() + 240
     for line in process.stdout:

@@ -8,6 +8,7 @@ including one longer than the prefill extent (chunked prefill) and prompts that 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -45,8 +46,13 @@ def prepared(tmp_path_factory) -> tuple[Path, Path, Path]:
     return checkpoint, core, Path(str(key) + ".pub")
 
 
+@functools.cache  # one load for every prompt's reference
+def reference_model(checkpoint: Path):
+    return transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint)).float().eval()
+
+
 def reference(checkpoint: Path, prompt: list[int], max_tokens: int) -> list[int]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint)).float().eval()
+    model = reference_model(checkpoint)
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
                              eos_token_id=None, pad_token_id=0)
