@@ -1,7 +1,7 @@
 """Speculative generation through the runtime gives exactly the target's output.
 
-For every recipe family at width 4 (widths 1, 2 and 4 for `ALL_WIDTHS` families; with
-HELIOS_SPECULATIVE_SWEEP=1, every width and the `_SIBLINGS` families too), with the target itself and a
+For a recipe family of each attention path at width 4 (widths 1, 2 and 4 for `ALL_WIDTHS` families; with
+HELIOS_SPECULATIVE_SWEEP=1, every width and the `_SIBLINGS` and `_SAME_PATH` families too), with the target itself and a
 truncated copy as the draft: greedy tokens equal ordinary decoding token for token (chunked prompts
 interleave MIXED rounds with speculative ones). Also: device prefix allocation under a packed capacity
 below the lanes' ceilings, sampled lanes with a draft equal to the target (identical samples, by the
@@ -94,8 +94,21 @@ SPECULATING_FAMILIES = (FAMILIES + PHI3_FAMILIES + SMOLLM3_FAMILIES + GEMMA3_FAM
 # and Seed-OSS (q/k/v biases as Llama 2's).
 _SIBLINGS = {"mistral", "smollm3-tied", "gemma3-capped", "olmoe-biased", "granite_moe", "phi4-mini", "olmo3",
              "mixtral", "seed_oss"}
+# Families whose speculative path (the draft's key/value writes and the verification of W positions a lane through
+# the paged attention kernels) a default family takes, only with HELIOS_SPECULATIVE_SWEEP=1 too: what sets them apart
+# acts on each position alone (biases, norms, multipliers, logit scales, rope tables, expert routing), which
+# tests/ignition/test_equivalence checks against transformers family by family. By default: full attention under
+# rope (Llama 3; partial rotary and the parallel block: Phi-2) for Llama 2, Qwen3, Gemma, ERNIE 4.5, Granite,
+# Hunyuan, OLMo 2, Apertus, Cohere, GLM-4, GPT-NeoX and MiniMax-M2; sliding windows (Qwen2, Gemma 3, gpt-oss,
+# SmolLM3) for Phi-3, Cohere 2 and StarCoder2; experts beside dense layers (Qwen3-MoE, DeepSeek-V3, gpt-oss, AFMoE)
+# for GLM-4-MoE, Qwen2-MoE, OLMoE, Granite MoE Shared, Hunyuan-MoE, ERNIE 4.5 MoE, dots1, PhiMoE and DBRX; latent
+# attention (DeepSeek-V3) for DeepSeek-V2 and Youtu.
+_SAME_PATH = {"llama2", "qwen3", "gemma", "ernie4_5", "granite", "hunyuan", "olmo2", "apertus", "cohere", "glm4",
+              "gpt_neox", "minimax_m2", "phi3-mini", "cohere2", "starcoder2", "glm4_moe", "qwen2_moe", "olmoe",
+              "granite_moe_shared", "hunyuan_moe", "ernie4_5_moe", "dots1", "phimoe", "dbrx", "deepseek_v2", "youtu"}
 if not swept("HELIOS_SPECULATIVE_SWEEP"):
-    SPECULATING_FAMILIES = tuple(family for family in SPECULATING_FAMILIES if family.name not in _SIBLINGS)
+    SPECULATING_FAMILIES = tuple(family for family in SPECULATING_FAMILIES
+                                 if family.name not in _SIBLINGS | _SAME_PATH)
 
 
 @pytest.mark.parametrize("family", SPECULATING_FAMILIES, ids=lambda f: f.name)
