@@ -23,6 +23,7 @@ from helios.runtime.engine_link import unread_bytes
 from helios.server.app import create_app
 from support.engine_served import HANG_GUARD_S, asgi_client, shrink_send_buffer, start_served
 from support.server_core import SERVED_ID, tiny_core
+from support.sweeps import swept
 
 LIVENESS_S = 1.5  # far below the default: a stopped engine process is unresponsive within the test
 REQUESTS = 24  # each command ~0.5 KiB: several times what the shrunk pipe holds
@@ -89,59 +90,65 @@ def test_health_is_a_503_while_the_engine_process_is_stopped_and_200_again_once_
     assert not served.engine._process.is_alive() and served.engine._process.exitcode == 0  # a clean stop
 
 
-def test_shutdown_ends_with_the_engine_process_stopped_and_its_pipe_full(core, monkeypatch):
-    """Before: `EngineLink.shutdown` waited for the send lock, held by the command write blocked on
-    the full pipe of the stopped engine process: forever."""
-    from helios.runtime import engine_link
+# With HELIOS_ENGINE_HANG_SWEEP=1: test_helios_serve_reports_a_stopped_engine_process_and_a_sigterm_still_ends_it_with_143
+# takes the same shutdown by default (the stopped engine process's pipe filled by submissions, the send lock held
+# by the write blocked on it, the engine process killed after the grace), through `helios serve`, and
+# test_engine_stalls' shutdown test checks that a request the killed engine process held ends cancelled and
+# its permit comes back; this one also checks that the pipe was full and that every request ended cancelled.
+if swept("HELIOS_ENGINE_HANG_SWEEP"):
+    def test_shutdown_ends_with_the_engine_process_stopped_and_its_pipe_full(core, monkeypatch):
+        """Before: `EngineLink.shutdown` waited for the send lock, held by the command write blocked on
+        the full pipe of the stopped engine process: forever."""
+        from helios.runtime import engine_link
 
-    # the grace only delays the kill of an engine process that cannot answer: a short one here
-    monkeypatch.setattr(engine_link, "UNRESPONSIVE_GRACE_S", 0.5)
-    served = start_served(core, REQUESTS + 4, liveness_timeout_s=LIVENESS_S)
-    app = create_app(served)
-    process = served.engine._process
-    connection = served.engine._connection
-    shrink_send_buffer(connection)
-    outcome: dict = {}
+        # the grace only delays the kill of an engine process that cannot answer: a short one here
+        monkeypatch.setattr(engine_link, "UNRESPONSIVE_GRACE_S", 0.5)
+        served = start_served(core, REQUESTS + 4, liveness_timeout_s=LIVENESS_S)
+        app = create_app(served)
+        process = served.engine._process
+        connection = served.engine._connection
+        shrink_send_buffer(connection)
+        outcome: dict = {}
 
-    async def fill() -> list:
-        async with asgi_client(app) as c:
-            os.kill(process.pid, signal.SIGSTOP)
-            requests = [asyncio.ensure_future(c.post("/v1/completions", json={
-                "model": SERVED_ID, "prompt": [3 + k] * 250, "max_tokens": 2, "temperature": 0}))
-                for k in range(REQUESTS)]
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + HANG_GUARD_S
-            while not (served.admission.in_use == REQUESTS and unread_bytes(connection) > 0
-                       and served.commands.num_queued > 0):  # the pipe is full: commands wait
-                assert loop.time() < deadline, "the pipe never filled"
-                await asyncio.sleep(0.01)
-            unresponsive = await health_until(c, 503)
+        async def fill() -> list:
+            async with asgi_client(app) as c:
+                os.kill(process.pid, signal.SIGSTOP)
+                requests = [asyncio.ensure_future(c.post("/v1/completions", json={
+                    "model": SERVED_ID, "prompt": [3 + k] * 250, "max_tokens": 2, "temperature": 0}))
+                    for k in range(REQUESTS)]
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + HANG_GUARD_S
+                while not (served.admission.in_use == REQUESTS and unread_bytes(connection) > 0
+                           and served.commands.num_queued > 0):  # the pipe is full: commands wait
+                    assert loop.time() < deadline, "the pipe never filled"
+                    await asyncio.sleep(0.01)
+                unresponsive = await health_until(c, 503)
 
-            def stop() -> None:  # what the app's lifespan does after the HTTP drain
-                served.shutdown()
-                outcome["ended"] = True
+                def stop() -> None:  # what the app's lifespan does after the HTTP drain
+                    served.shutdown()
+                    outcome["ended"] = True
 
-            stopper = threading.Thread(target=stop, daemon=True)
-            stopper.start()
-            await asyncio.to_thread(stopper.join, HANG_GUARD_S)
+                stopper = threading.Thread(target=stop, daemon=True)
+                stopper.start()
+                await asyncio.to_thread(stopper.join, HANG_GUARD_S)
+                if "ended" not in outcome:
+                    return unresponsive, []
+                done = await asyncio.wait_for(asyncio.gather(*requests), HANG_GUARD_S)
+                return unresponsive, done
+
+        try:
+            unresponsive, done = asyncio.run(fill())
+        finally:
+            resume(process.pid)  # lets a shutdown that waited on the pipe go on
             if "ended" not in outcome:
-                return unresponsive, []
-            done = await asyncio.wait_for(asyncio.gather(*requests), HANG_GUARD_S)
-            return unresponsive, done
-
-    try:
-        unresponsive, done = asyncio.run(fill())
-    finally:
-        resume(process.pid)  # lets a shutdown that waited on the pipe go on
-        if "ended" not in outcome:
-            served.shutdown()
-    assert outcome.get("ended"), "shutdown waited on the stopped engine process's pipe"
-    assert unresponsive.json()["status"] == "unresponsive"
-    assert not process.is_alive() and process.exitcode == -signal.SIGKILL
-    # every request ended (the stopped engine process generated nothing): cancelled by the shutdown
-    assert [r.status_code for r in done] == [200] * REQUESTS, [r.text for r in done if r.status_code != 200]
-    assert {r.json()["choices"][0]["finish_reason"] for r in done} == {"cancelled"}
-    assert served.admission.in_use == 0
+                served.shutdown()
+        assert outcome.get("ended"), "shutdown waited on the stopped engine process's pipe"
+        assert unresponsive.json()["status"] == "unresponsive"
+        assert not process.is_alive() and process.exitcode == -signal.SIGKILL
+        # every request ended (the stopped engine process generated nothing): cancelled by the shutdown
+        assert [r.status_code for r in done] == [200] * REQUESTS, [r.text for r in done if r.status_code != 200]
+        assert {r.json()["choices"][0]["finish_reason"] for r in done} == {"cancelled"}
+        assert served.admission.in_use == 0
 
 
 def engine_pid_of(server_pid: int) -> int:
