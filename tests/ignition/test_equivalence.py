@@ -1,8 +1,10 @@
 """Exported, saved and re-loaded programs against Hugging Face transformers on the same weights.
 
-For every family (float32): logits and scored log-probabilities within 1e-4 relative error, and
-greedy tokens identical to `generate(do_sample=False)`: 32 for a continuously batched set of prompts
-of different lengths, 16 for a single prompt and for a prompt whose prefix pages were written earlier.
+For every family (float32): logits within 1e-4 relative error and greedy tokens identical to
+`generate(do_sample=False)`: 32 for a continuously batched set of prompts of different lengths, 16 for a
+prompt whose prefix pages were written earlier; 16 for a single prompt (PREFILL then DECODE) for the
+EVERY_PROGRAM families and scored log-probabilities within 1e-4 for the SCORED families (every family
+with HELIOS_EQUIVALENCE_SWEEP=1).
 """
 
 from __future__ import annotations
@@ -33,20 +35,36 @@ TOLERANCE = 1e-4
 
 
 # The families whose checks take the PREFILL and DECODE programs too (every program of VARIANTS); the
-# others, like a family module's FamilyChecks, run every step through MIXED (their `prepare` captures only
-# CHECK_OPERATIONS). A program's operation changes the decoder in two places only: latent attention
-# up-projects a prompt's context in PREFILL (DeepSeek), and PREFILL / MIXED leave the last layer's other
-# rows out past attention; windows (Qwen2's mixed layers, gpt-oss's sinks beside them) bind their own region in
-# every program. HELIOS_EQUIVALENCE_SWEEP=1 runs every family's PREFILL and DECODE programs: the MoE and
-# q/k-norm bodies they add are the same modules MIXED runs (Llama 3 covers the plain path's programs).
-EVERY_PROGRAM = {"llama3", "qwen2", "deepseek", "gpt_oss"}
+# others, like a family module's FamilyChecks, run every step through MIXED. A program's operation changes the
+# decoder in two places only: latent attention up-projects a prompt's context in PREFILL (DeepSeek), and
+# PREFILL / MIXED leave the last layer's other rows out past attention; windows bind their own region in every
+# program (gpt-oss's sliding layers beside full ones, with sinks, as Qwen2's mixed layers do).
+# HELIOS_EQUIVALENCE_SWEEP=1 runs every family's PREFILL and DECODE programs: the MoE and q/k-norm bodies and
+# Qwen2's windows they add are the same modules MIXED runs (Llama 3 covers the plain path's programs).
+EVERY_PROGRAM = {"llama3", "deepseek", "gpt_oss"}
+# The families whose scored check runs by default (their SCORED_PREFILL program captured): a scoring program runs
+# the family's decoder as MIXED does (every family's generation checks here), then scores every row with the
+# logits; these four score through dense, mixture, latent, and sink and window decoders. HELIOS_EQUIVALENCE_SWEEP=1
+# scores every family; test_config_fuzz scores every drawn family group's eager program.
+SCORED = {"llama3", "mixtral", "deepseek", "gpt_oss"}
+SCORED_FAMILIES = tuple(family for family in FAMILIES if family.name in SCORED or swept("HELIOS_EQUIVALENCE_SWEEP"))
+# The single-prompt check runs PREFILL then DECODE where a family has them (EVERY_PROGRAM); the other families'
+# single prompt would run every step through MIXED, as each prompt of their continuous batch check does (as in
+# FamilyChecks), so they run it with HELIOS_EQUIVALENCE_SWEEP=1.
+SINGLE_FAMILIES = tuple(family for family in FAMILIES
+                        if family.name in EVERY_PROGRAM or swept("HELIOS_EQUIVALENCE_SWEEP"))
+
+
+def operations(family) -> tuple[Operation, ...]:
+    """What `family`'s checks here capture: see EVERY_PROGRAM and SCORED."""
+    if family.name in EVERY_PROGRAM or swept("HELIOS_EQUIVALENCE_SWEEP"):
+        return ALL_OPERATIONS
+    return CHECK_OPERATIONS if family.name in SCORED else (Operation.MIXED,)
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda family: family.name)
 def prepared(request, prepare):
-    family = request.param
-    every = family.name in EVERY_PROGRAM or swept("HELIOS_EQUIVALENCE_SWEEP")
-    return prepare(family, ALL_OPERATIONS if every else CHECK_OPERATIONS)
+    return prepare(request.param, operations(request.param))
 
 
 def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
@@ -145,6 +163,7 @@ def assert_matches_reference(prepared, sequence: Sequence, prompt: list[int]) ->
     assert relative_error(torch.stack(sequence.logits), logits) < TOLERANCE
 
 
+@pytest.mark.parametrize("prepared", SCORED_FAMILIES, indirect=True, ids=lambda family: family.name)
 def test_scored_prefill_logits_and_logprobs_match(prepared):
     prompts = [random_prompt(13, seed=1), random_prompt(9, seed=2)]
     model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
@@ -168,6 +187,7 @@ def test_scored_prefill_logits_and_logprobs_match(prepared):
     assert torch.all(outputs["target_logprobs"][start:] == 0)  # padding tokens score nothing
 
 
+@pytest.mark.parametrize("prepared", SINGLE_FAMILIES, indirect=True, ids=lambda family: family.name)
 def test_single_prompt_greedy_matches(prepared):
     prompt = random_prompt(13, seed=3)
     model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
@@ -212,8 +232,8 @@ class FamilyChecks:
 
     The scored check (and the SCORED_PREFILL program `prepare` captures for it) and the single-prompt
     check run with HELIOS_EQUIVALENCE_SWEEP=1. A scoring program runs the family's decoder as MIXED does
-    (the checks here), then scores every row with the family's logits; by default this module's ten
-    families score through captured programs (dense, mixture, latent, sink and window layers),
+    (the checks here), then scores every row with the family's logits; by default four of this module's
+    families score through captured programs (dense, mixture, latent, sink and window layers: SCORED),
     test_config_fuzz scores every drawn family group's eager program, and test_phi3_recipe scores past
     LongRoPE's context. With MIXED alone, a single prompt's prefill and decode steps are those the
     continuous batch check runs for each of its prompts."""

@@ -34,11 +34,12 @@ from .hf_checkpoints import (GRANITE_HYBRID, GRANITE_HYBRID_DENSE, GRANITE_HYBRI
 
 VARIANTS = ((Operation.PREFILL, Capacity(2, 32)), (Operation.DECODE, Capacity(4, 4)),
             (Operation.MIXED, Capacity(4, 32)))
-# The second family of each pair of shapes runs its prompt chunks through MIXED: a hybrid PREFILL program is
-# MIXED's decoder path (the mixers scan up to the packed tokens; only DECODE runs their one-token step), which
-# the pair's first family captures both ways. HELIOS_EQUIVALENCE_SWEEP=1 captures their PREFILL programs too.
-PREFILL_THROUGH_MIXED = frozenset(("granite_hybrid_dense", "nemotron_h_moe", "falcon_h1_normed", "olmo_hybrid_nope",
-                                   "lfm2_moe"))
+# What a hybrid family's checks capture: its prompt chunks run through MIXED, its decode steps through DECODE. A
+# hybrid PREFILL program is MIXED's decoder path (`helios.ignition.hybrid_program`: the same recurrent body, the
+# mixers scan up to the packed tokens; only DECODE runs their one-token step). HELIOS_EQUIVALENCE_SWEEP=1 captures
+# every hybrid family's PREFILL program too; by default test_config_fuzz_served serves Bamba's hybrid PREFILL
+# programs on the C++ kernels against transformers, and test_config_fuzz runs each drawn hybrid's eager PREFILL.
+CHECK_VARIANTS = VARIANTS if swept("HELIOS_EQUIVALENCE_SWEEP") else VARIANTS[1:]
 
 
 @dataclasses.dataclass
@@ -62,11 +63,9 @@ def prepared_once(family: Family, tmp_path_factory) -> Prepared:
 
 def prepare_hybrid(family: Family, base, variants=None) -> Prepared:
     """`family`'s reference (Mamba2's grouped gated norm, no EOS), its checkpoint, recipe and
-    captured `variants` (a hybrid core has no SCORED_PREFILL program; default: VARIANTS, without
-    PREFILL for the families of PREFILL_THROUGH_MIXED)."""
+    captured `variants` (a hybrid core has no SCORED_PREFILL program; default: CHECK_VARIANTS)."""
     if variants is None:
-        through_mixed = family.name in PREFILL_THROUGH_MIXED and not swept("HELIOS_EQUIVALENCE_SWEEP")
-        variants = tuple(v for v in VARIANTS if not (through_mixed and v[0] is Operation.PREFILL))
+        variants = CHECK_VARIANTS
     with single_thread():
         reference = random_model(family)
         grouped_gated_norm(reference)

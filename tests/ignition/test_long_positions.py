@@ -15,7 +15,7 @@ short to long factors once ``max(position_ids) + 1`` passes ``original_max_posit
 refused by every recipe with a typed `CheckpointError` naming the type, but Phi-3's, which fixes the
 LongRoPE list by the served context (tests/ignition/test_phi3_recipe.py).
 
-``HELIOS_LONG_POSITION_SEEDS`` (default 2) sets how many of test_config_fuzz's draws per family
+``HELIOS_LONG_POSITION_SEEDS`` (default 1; 2 with HELIOS_LONG_POSITION_SWEEP=1) sets how many of test_config_fuzz's draws per family
 also run at long positions with drawn prompt lengths and chunk sizes.
 """
 
@@ -31,7 +31,7 @@ import transformers
 
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.recipes import load_checkpoint
-from support.sweeps import in_sweep
+from support.sweeps import in_sweep, swept
 
 from .driver import PagedModel, Sequence, generate
 from .test_config_fuzz import (_DEEPSEEK, _GLM, _TINY, DRAWS, PAGE_TOKENS, Variant, _materialize, _programs,
@@ -168,8 +168,10 @@ def test_long_positions_match_the_reference_reading_the_same_config(tmp_path, na
 
 
 # test_config_fuzz's draws (rope types with original contexts 16 and 64, windows 4-8, sinks) at long
-# positions: a drawn long prompt (64-200 tokens) and chunk size (3-32) per seed.
-SWEEP_SEEDS = int(os.environ.get("HELIOS_LONG_POSITION_SEEDS", "2"))
+# positions: a drawn long prompt (64-200 tokens) and chunk size (3-32) per seed. One seed a family by default,
+# two with HELIOS_LONG_POSITION_SWEEP=1: more draws on the same paths (every family's long-position path runs
+# with the first seed, and the named CASES above pin each rope type and window).
+SWEEP_SEEDS = int(os.environ.get("HELIOS_LONG_POSITION_SEEDS", "2" if swept("HELIOS_LONG_POSITION_SWEEP") else "1"))
 SWEEP_KINDS = ("dense", "moe", "deepseek", "gpt_oss", "bamba")
 
 

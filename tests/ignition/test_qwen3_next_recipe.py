@@ -13,7 +13,7 @@ import transformers
 
 from helios.ignition.architecture import CheckpointError, weight_layout
 from helios.ignition.capture import capture_program, load_program
-from helios.ignition.program_spec import Capacity, Operation
+from helios.ignition.program_spec import Operation
 from helios.ignition.recipes import UnsupportedCheckpoint, load_checkpoint
 from helios.ignition.recipes.defaults import REFERENCE_DEFAULTS
 from helios.ignition.recipes.qwen3_next import layer_kinds
@@ -25,9 +25,7 @@ from .conftest import PAGE_TOKENS, single_thread
 from .driver import PagedModel, Sequence, generate
 from .hf_checkpoints import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT, random_model, rewritten_checkpoint, write_checkpoint
 from .test_equivalence import NEW_TOKENS, assert_matches_reference, random_prompt
-
-VARIANTS = ((Operation.PREFILL, Capacity(2, 32)), (Operation.DECODE, Capacity(4, 4)),
-            (Operation.MIXED, Capacity(4, 32)))
+from .test_granitemoehybrid_recipe import CHECK_VARIANTS
 
 
 @dataclasses.dataclass
@@ -51,7 +49,8 @@ def _prepared(family, base) -> Prepared:
         reference.generation_config.pad_token_id = 0
         directory = write_checkpoint(reference, base / family.name)
         recipe = load_checkpoint(directory)
-        captured = {op: capture_program(recipe.architecture, op, capacity, PAGE_TOKENS) for op, capacity in VARIANTS}
+        captured = {op: capture_program(recipe.architecture, op, capacity, PAGE_TOKENS)
+                    for op, capacity in CHECK_VARIANTS}
         programs = {op: (program.spec, load_program(program.program)) for op, program in captured.items()}
     _PREPARED[family.name] = Prepared(reference, recipe, programs, directory)
     return _PREPARED[family.name]
@@ -76,7 +75,7 @@ def test_a_chunked_prompt_and_its_greedy_tokens_match_transformers(prepared):
     model = PagedModel(prepared.recipe.weight_tensors, prepared.programs)
     sequence = Sequence(0, list(prompt))
     generate(model, [sequence], NEW_TOKENS, chunk=5)  # the prompt in three chunks: state carried between
-    assert model.operations_run[:3] == [Operation.PREFILL] * 3
+    assert model.operations_run[:3] == [model.variant(Operation.PREFILL)] * 3
     assert set(model.operations_run[3:]) == {Operation.DECODE}
     assert_matches_reference(prepared, sequence, prompt)
 
