@@ -22,7 +22,7 @@ prompt's engine requests (pages, slots, permits); the chat endpoint's ``n`` choi
 requests with seed + j.
 
 ``HELIOS_BATCHED_DRAWS`` sets the number of draws (default `NUM_DRAWS`), for longer runs outside
-the suite.
+the suite; ``HELIOS_BATCHED_DRAW_SWEEP=1`` doubles the default.
 """
 
 from __future__ import annotations
@@ -38,10 +38,14 @@ import pytest
 from helios.server.app import create_app
 from support.asgi_scope import post_scope
 from support.server_core import SERVED_ID, TinyCore, tiny_core
+from support.sweeps import swept
 from test_choice_stream import stream as raw_stream  # tests/server is on sys.path (no package)
 from test_slow_reader import eventually
 
-NUM_DRAWS = int(os.environ.get("HELIOS_BATCHED_DRAWS", "24"))
+# 12 draws by default: each field above (batches of texts and of ids, n > 1, greedy and seeded, the wrapping seed,
+# echo, max_tokens null and 0, logprobs, prompt_logprobs, stops, logit_bias, token ids, include_usage) is drawn at
+# least once among them; HELIOS_BATCHED_DRAW_SWEEP=1 draws 24 (more seeds reach rarer combinations of the same paths).
+NUM_DRAWS = int(os.environ.get("HELIOS_BATCHED_DRAWS", "24" if swept("HELIOS_BATCHED_DRAW_SWEEP") else "12"))
 FIRST_DRAW = int(os.environ.get("HELIOS_BATCHED_FIRST_DRAW", "0"))
 CONTEXT_TOKENS = 64
 QUEUE_CAPACITY = 16
