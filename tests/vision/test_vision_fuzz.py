@@ -110,7 +110,9 @@ FAMILIES = {"qwen2.5-vl": Family("vl-core", tiny_model, hf_image_processor, {}, 
 # cache, feature reuse, preemption) by default, and test_vl3_server checks Qwen3-VL's tokens against
 # transformers with one and two images and its repeated image encoded once.
 if swept("HELIOS_VISION_FUZZ_SWEEP"):
-    FAMILIES["qwen3-vl"] = Family("vl3-core", tiny_model3, hf_image_processor3, VL3_OPTIONS, 1, 20261206, False)
+    # its own core: test_vl3_server's captures no mixed program, which the concurrent requests here run
+    FAMILIES["qwen3-vl"] = Family("vl3-fuzz-core", tiny_model3, hf_image_processor3, {**VL3_OPTIONS, "mixed": True},
+                                  1, 20261206, False)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

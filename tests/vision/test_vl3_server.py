@@ -23,19 +23,23 @@ PROCESSOR = ProcessorConfig(PATCH, MIN_PIXELS, MAX_PIXELS, MEAN, STD)
 
 
 # No token-logprobs programs: no Qwen3-VL test asks for log-probabilities (test_vl_server does, on
-# Qwen2.5-VL); one decode batch (4): the requests here come one at a time.
-VL3_OPTIONS = dict(processor=PROCESSOR, logprobs=False, decode_batches="4")
+# Qwen2.5-VL); one decode batch (4) and no mixed prefill+decode program: the requests here come one at a
+# time, so no step mixes a prompt with decoding rows (the mixed program runs the prefill program's decoder
+# over more rows; Qwen2.5-VL's runs in test_vision_fuzz, whose Qwen3-VL sweep family captures it too).
+VL3_OPTIONS = dict(processor=PROCESSOR, logprobs=False, decode_batches="4", mixed=False)
 
 
 def prepare_vl3_core(root):
-    return prepare_vl_core(root, tiny_model3(), **VL3_OPTIONS)
+    return prepare_vl_core(root, tiny_model3(), **{**VL3_OPTIONS, "mixed": True})
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("vl3")
     model, core = shared_vl_core(tmp_path_factory.getbasetemp(), "vl3-core", tiny_model3, **VL3_OPTIONS)
-    process = ServerProcess(core, "--max-active", "4", log=root / "server.log")
+    # the engine in the serving process: test_vl_server serves images through the default engine process's pipe
+    # (the same records for Qwen3-VL's images), and this one then pays one process's imports and load, not two
+    process = ServerProcess(core, "--max-active", "4", "--no-engine-process", log=root / "server.log")
     yield model, process, core
     code, log = process.terminate()
     assert code == -signal.SIGTERM and "Traceback" not in log, log

@@ -60,10 +60,10 @@ NAMESPACE, SERVED_ID = "test.helios/vision", "tiny-vl"
 
 
 def prepare_vl_core(root: Path, model=None, processor: ProcessorConfig = ProcessorConfig(), logprobs: bool = True,
-                    decode_batches: str = "1,4"):
+                    decode_batches: str = "1,4", mixed: bool = True):
     """The checkpoint (default: the tiny Qwen2.5-VL) under `root`, prepared by `helios prepare`
-    (float32, prefill 128, `decode_batches`; without token-logprobs programs unless `logprobs`);
-    returns (transformers model, `support.server_core.TinyCore`)."""
+    (float32, prefill 128, `decode_batches`; without token-logprobs programs unless `logprobs`, without the
+    mixed prefill+decode program unless `mixed`); returns (transformers model, `support.server_core.TinyCore`)."""
     from helios.cli.main import main
     from helios.core.keys import SigningKey, write_key_pair
     from support.server_core import TinyCore
@@ -75,7 +75,7 @@ def prepare_vl_core(root: Path, model=None, processor: ProcessorConfig = Process
     assert main(["prepare", str(root / "checkpoint"), "-o", str(core.path), "--key", str(key), "--namespace",
                  NAMESPACE, "--served-id", SERVED_ID, "--context-tokens", "512", "--prefill-tokens", "128",
                  "--decode-batches", decode_batches, "--dtype", "float32",
-                 *(() if logprobs else ("--no-logprobs",))]) == 0
+                 *(() if logprobs else ("--no-logprobs",)), *(() if mixed else ("--no-mixed",))]) == 0
     return model, core
 
 
