@@ -49,7 +49,11 @@ FUSE_AT_CAPTURE = True
 # layers' pairs fused, and the CPU's tokens without the fusion or eager (bench/results/h100_session58,
 # call 3); on the CPU the fused programs on recorded inputs equal the unfused ones bit for bit, the
 # fused kernel interpreted, so the difference is the compiled path's and not yet found
-# (bench/results/h100_session58/llama4_bisect.py). Every other family fuses (52 agree on CUDA).
+# (bench/results/h100_session58/llama4_bisect.py). In bench/results/h100_session61 the fused capture agreed
+# once the step-calls rewrite (`helios.runtime.loading.step_calls`) was off: the error needs both rewrites.
+# The unfused capture there still gave another first token on a cold first run (an empty Triton cache, the
+# first family of its process) and agreed warm: a second difference, not yet found. Every other family
+# fuses (70 agree on CUDA).
 FUSE_WITH_CHUNKED = False
 # Fused calls of at most this many tokens (static) get their output projection's weight as the L2
 # prefetch hint at capture; 0: none (the hint is measured by bench/rotary_attention_ab.py and the step
