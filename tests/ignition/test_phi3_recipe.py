@@ -76,12 +76,21 @@ def long_checkpoint(tmp_path_factory):
     return reference, write_checkpoint(reference, tmp_path_factory.mktemp(PHI35_LONG.name))
 
 
+_CAPTURED: dict = {}  # {Architecture: (captured, programs)}
+
+
 def _programs(recipe):
-    """The CHECK_OPERATIONS programs (every generation step runs MIXED, as in the family checks)."""
-    captured = {op: capture_program(recipe.architecture, op, capacity, PAGE_TOKENS) for op, capacity in VARIANTS
-                if op in CHECK_OPERATIONS}
-    return Prepared(PHI35_LONG, None, recipe, captured,
-                    {op: (program.spec, load_program(program.program)) for op, program in captured.items()})
+    """The CHECK_OPERATIONS programs (every generation step runs MIXED, as in the family checks), captured
+    once per architecture: the served context chooses the factor list, a weight (``rope.inv_freq``), and
+    both contexts' recipes share the architecture the programs are built from."""
+    arch = recipe.architecture
+    if arch not in _CAPTURED:
+        captured = {op: capture_program(arch, op, capacity, PAGE_TOKENS) for op, capacity in VARIANTS
+                    if op in CHECK_OPERATIONS}
+        _CAPTURED[arch] = captured, {op: (program.spec, load_program(program.program))
+                                     for op, program in captured.items()}
+    captured, programs = _CAPTURED[arch]
+    return Prepared(PHI35_LONG, None, recipe, captured, programs)
 
 
 def test_the_served_context_chooses_the_factor_list(long_checkpoint):
