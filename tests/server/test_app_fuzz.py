@@ -24,8 +24,13 @@ from helios.runtime.loading.model import LoadOptions
 from helios.runtime.service import RuntimeOptions
 from helios.server.app import create_app
 from support.server_core import SERVED_ID, served_tiny_core
+from support.sweeps import swept
 
 PATHS = ("/v1/chat/completions", "/v1/completions")
+# Generated bodies: 100 by default (both endpoints, schema-valid and mutated bodies, every status the module text
+# names), 200 with HELIOS_OPENAPI_FUZZ_SWEEP=1 (more bodies through the same validation and generation paths, as
+# test_openapi_schemathesis' sweep draws).
+FUZZ_EXAMPLES = 200 if swept("HELIOS_OPENAPI_FUZZ_SWEEP") else 100
 SCHEMA_VIOLATION = "invalid request body:"
 JSON_SCALARS = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=12)
 JSON_VALUES = st.recursive(
@@ -205,8 +210,8 @@ def check_response(response: httpx.Response, is_schema_valid: bool) -> None:
     assert choice["finish_reason"] in ("stop", "length", "tool_calls")
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                                   HealthCheck.function_scoped_fixture])
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_generated_requests_never_fail_the_server(runner, app, served, bodies, data):
     path = data.draw(st.sampled_from(PATHS))
