@@ -22,7 +22,7 @@ JOBS = [CaptureJob(Operation.DECODE, Capacity(1, 1), ProgramOptions()),
 def test_workers_capture_the_serial_bytes_in_job_order_and_a_worker_error_keeps_its_type(prepare):
     """One pool (spawning its workers costs more than the captures): the jobs before the failing one
     arrive in order with the serial bytes, then the failing job's error ends the call with its type."""
-    arch = prepare(QWEN2).recipe.architecture
+    arch = prepare(QWEN2, ()).recipe.architecture  # the recipe alone: no program captured
     arrived: list[tuple] = []
     serial = capture_all(arch, JOBS, PAGE_TOKENS, workers=1)
     bad = CaptureJob(Operation.DECODE, Capacity(2, 4), ProgramOptions())  # a DECODE variant needs T == R
@@ -35,7 +35,7 @@ def test_workers_capture_the_serial_bytes_in_job_order_and_a_worker_error_keeps_
 
 
 def test_jobs_that_cannot_be_pickled_are_captured_here(prepare, monkeypatch):
-    arch = prepare(QWEN2).recipe.architecture
+    arch = prepare(QWEN2, ()).recipe.architecture  # the recipe alone: no program captured
     local = dataclasses.replace(JOBS[0], options=ProgramOptions(multimodal=lambda: None))
     other = CaptureJob(Operation.DECODE, Capacity(2, 2), ProgramOptions())
     assert not capture_pool._picklable(arch, [local])
