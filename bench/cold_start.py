@@ -77,7 +77,7 @@ LOAD_PHASES = (
     ("helios.runtime.loading.programs", "validate_serialized_ops", "validate ops"),
     ("helios.runtime.loading.programs", "validate_program_ops", "validate ops"),
     ("helios.runtime.loading.programs", "build_module", "program modules (built from the JSON)"),
-    ("helios.runtime.loading.programs", "deserialize_program", "deserialize programs (torch's path)"),
+    ("helios.runtime.loading.program_cache", "deserialize_program", "deserialize programs (torch's path)"),
     ("helios.runtime.loading.programs", "move_module", "programs to device"),
     ("torch.export.exported_program", "ExportedProgram.module", "program modules (unflatten)"),
     ("helios.runtime.loading.programs", "finish_recompile", "program code (generated once)"),

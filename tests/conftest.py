@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helios.runtime.loading.program_cache import keep_deserialized_programs
+
 # The CI machine has 2 cores; several-threaded torch on tiny tensors is much slower there.
 torch.set_num_threads(1)
+# Tests build many runtimes of a few cores in one process: each program's graph is deserialized once
+# (a later load of the same bytes still checks it and gets its own module and tensors).
+keep_deserialized_programs(64)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -81,7 +81,8 @@ def test_graphs_built_from_the_image_are_rewritten_alike(core_path, monkeypatch)
     """A CUDA model builds its programs straight from the image JSON (`graph_image`: no meta value where
     a shape is symbolic, such as the count tables'): the same bindings as torch's build."""
     direct, torch_build = program_loading._direct, program_loading._with_torch
-    monkeypatch.setattr(program_loading, "_with_torch", lambda *args: direct(*args) or torch_build(*args))
+    monkeypatch.setattr(program_loading, "_with_torch",
+                        lambda image, data, *args: direct(image, *args) or torch_build(image, data, *args))
     monkeypatch.setattr(program_loading, "cpu_program", lambda module: module)
     runtime = _runtime(core_path)
     try:

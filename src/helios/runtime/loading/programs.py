@@ -10,7 +10,8 @@ torch's path, about a tenth of its time, and no import of torch._dynamo, which t
 pulls in: 4-6.6 s on the device's host); otherwise, and for what that builder leaves to torch, the
 build skips work whose result the runtime never reads (`helios.runtime.loading.program_build`: one code generation per program instead of
 about six, FakeTensor metadata built directly, torch's export verifier not run again, a device
-move of what a call reads).
+move of what a call reads), and a process that keeps deserialized programs (`program_cache`, off
+unless asked for) deserializes the same bytes once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from helios.abi.program_image import PickledProgramError, deserialize_program, read_program_image
+from helios.abi.program_image import PickledProgramError, read_program_image
 from helios.abi.registry import validate_program_ops, validate_serialized_ops
 from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
@@ -33,6 +34,7 @@ from helios.runtime.loading.graph_passes import drop_no_op_nodes
 from helios.runtime.loading.program_build import (
     code_on_first_use, deferred_recompile, finish_recompile, move_module, skip_export_verifier, static_tensor_metas,
 )
+from helios.runtime.loading.program_cache import deserialized_program
 from helios.runtime.loading.speculation import SpeculativeShape, speculative_shape
 
 __all__ = ["DeclaredOps", "LoadedProgram", "MissingVariantError", "PickledProgramError", "load_program"]
@@ -78,13 +80,14 @@ def load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, decl
                                   f"return {', '.join(TOKEN_LOGPROB_OUTPUTS)}")
     names = set(handle.abi_operations)
     ops = {name: schema for name, schema in declared.schemas.items() if name in names}
-    image = read_program_image(_program_bytes(core, handle.resource_id))
+    data = _program_bytes(core, handle.resource_id)
+    image = read_program_image(data)
     validate_serialized_ops(image, ops, declared.registered)  # the names the image's check found
     num_weights = len(graph.resource_dependencies)
     with deferred_recompile():
         built = _direct(image, ops, declared, num_weights) if device.type != "cpu" else None
         if built is None:
-            built = _with_torch(image, ops, declared, num_weights)
+            built = _with_torch(image, data, ops, declared, num_weights)
         module, input_shapes = built
         drop_no_op_nodes(module)
         # Programs are captured on the CPU: parameters, constants and burnt-in devices move.
@@ -118,10 +121,11 @@ def _direct(image, ops: dict, declared: DeclaredOps, num_weights: int):
     return direct.module, direct.input_shapes[num_weights:]
 
 
-def _with_torch(image, ops: dict, declared: DeclaredOps, num_weights: int):
-    """(module, input extents) through torch's deserializer and ``ExportedProgram.module()``."""
+def _with_torch(image, data: bytes, ops: dict, declared: DeclaredOps, num_weights: int):
+    """(module, input extents) through torch's deserializer (or the graph it built for the same
+    bytes before: `program_cache`) and ``ExportedProgram.module()``."""
     with static_tensor_metas(), skip_export_verifier():
-        exported = deserialize_program(image)
+        exported = deserialized_program(image, data)
     validate_program_ops(exported, ops, declared.registered)
     return exported.module(), _input_shapes(exported, num_weights)
 
