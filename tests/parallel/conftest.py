@@ -37,6 +37,9 @@ FAST = RankOptions(peers=PeerKind.THREADS, collective_timeout_s=5.0, join_timeou
 # (several resources a rank, loaded by position): test_families' weights-in-parts test checks that on it
 # instead of preparing a core of its own.
 WEIGHT_PARTS = {(LLAMA3.name, 2): 32 * 1024}
+# The rank-process, failure and refusal tests (test_failures, test_hostile_peers, test_generate_cli, test_server,
+# test_rank_frames) open Qwen3-MoE's one- and two-rank cores: test_stress_ranks prepares both anyway (an untied
+# model, whose greedy tokens depend on the history, unlike the tied Llama 3's).
 
 
 class Cores:

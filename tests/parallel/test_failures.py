@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import pytest
 
+from helios.abi.collectives import CollectiveError
 from helios.errors import LoadError
 from helios.runtime.engine import EngineRequest
 from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
@@ -23,8 +24,8 @@ from helios.runtime.parallel.rank_peers import PeerKind, join_rank
 from helios.runtime.parallel.rank_rendezvous import MissingRankError, RankJoinError, Rendezvous
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.service import RuntimeOptions, build_runtime
-from ignition.hf_checkpoints import LLAMA3, QWEN3
-from support.sweeps import in_sweep, swept
+from ignition.hf_checkpoints import LLAMA3, QWEN3_MOE
+from support.sweeps import swept
 
 from .conftest import FAST, MAX_TOKENS, PROMPTS, running
 from .test_generate_cli import free_port
@@ -97,15 +98,44 @@ def a_late_request_fails(engine) -> None:
     assert "tensor-parallel model failed" in late.finished["r0"].message
 
 
-# A killed rank (one frame in flight) only with HELIOS_RANK_FAILURE_SWEEP=1: test_rank_frames kills one with two
-# frames in flight (the same checks), and the stopped one here loses a rank with one frame in flight.
-@pytest.mark.parametrize("how", in_sweep("HELIOS_RANK_FAILURE_SWEEP",
-                                         (pytest.param(signal.SIGSTOP, id="stops-answering"),),
-                                         (pytest.param(signal.SIGKILL, id="dies"),)))
-def test_a_lost_rank_ends_requests_in_flight_with_errors(cores, how):
-    with running(cores.open(cores.core(QWEN3, 2)), PROCESSES) as runtime:
-        lose_a_rank_mid_generation(runtime, how)
-        a_late_request_fails(runtime.engine)
+def test_a_rank_that_stops_answering_ends_requests_in_flight_with_errors(cores):
+    """Rank 1 (a thread) stops answering after the first token: it no longer runs rank zero's plans, so rank
+    zero's next collective waits out the collective timeout (FAST's 5 s) and the model fails as for a stopped
+    rank process (the sweep's stops-answering case below: SIGSTOP under a 10 s timeout)."""
+    with running(cores.open(cores.core(QWEN3_MOE, 2))) as runtime:
+        release = threading.Event()
+
+        def silent(*args, **kwargs):
+            release.wait(HANG_GUARD_S)  # answers nothing until the test is done with the group,
+            raise CollectiveError("rank 1 stopped answering")  # then ends the rank thread at once
+
+        engine = runtime.engine
+        engine.start()
+        requests = Requests(engine, 3)
+        try:
+            assert requests.first_token.wait(HANG_GUARD_S)
+            in_flight = requests.unfinished()
+            assert in_flight, f"every request finished before the rank stopped: {requests.messages()}"
+            (executor,) = runtime.peers.peer_executors  # (set once the thread serves)
+            executor.run = executor.launch = executor.finish = silent
+            assert requests.all_done.wait(HANG_GUARD_S)
+            assert {requests.finished[r].reason for r in in_flight} == {FinishReason.ERROR}
+            assert not engine.is_healthy
+            a_late_request_fails(engine)
+        finally:
+            release.set()
+
+
+# A rank process stopped (one frame in flight) or killed only with HELIOS_RANK_FAILURE_SWEEP=1: the thread rank
+# above stops answering under the same collective timeout on rank zero (the same checks), test_rank_frames kills a
+# rank process with two frames in flight, and test_server kills one while it serves.
+if swept("HELIOS_RANK_FAILURE_SWEEP"):
+    @pytest.mark.parametrize("how", (pytest.param(signal.SIGSTOP, id="stops-answering"),
+                                     pytest.param(signal.SIGKILL, id="dies")))
+    def test_a_lost_rank_ends_requests_in_flight_with_errors(cores, how):
+        with running(cores.open(cores.core(QWEN3_MOE, 2)), PROCESSES) as runtime:
+            lose_a_rank_mid_generation(runtime, how)
+            a_late_request_fails(runtime.engine)
 
 
 # Only with HELIOS_RANK_FAILURE_SWEEP=1 (defined only then, for the suite's time): test_stress_ranks'
@@ -117,15 +147,15 @@ if swept("HELIOS_RANK_FAILURE_SWEEP"):
         while the engine idles keep the group (and its health) alive for as long as it idles. (A 2 s timeout:
         the generation after the idle spell runs under it too, and at 1 s a loaded 2-core CI machine once
         starved a rank's step past it.)"""
-        with running(cores.open(cores.core(QWEN3, 2)), replace(FAST, collective_timeout_s=2.0)) as runtime:
+        with running(cores.open(cores.core(QWEN3_MOE, 2)), replace(FAST, collective_timeout_s=2.0)) as runtime:
             time.sleep(5.0)  # two and a half collective timeouts without a plan
             assert runtime.engine.is_healthy
             results = generate(runtime.engine, PROMPTS, MAX_TOKENS)
-        assert [list(r.token_ids) for r in results] == cores.reference_tokens(QWEN3)
+        assert [list(r.token_ids) for r in results] == cores.reference_tokens(QWEN3_MOE)
 
 
 def test_a_rank_that_never_joins_fails_startup(cores):
-    core = cores.open(cores.core(QWEN3, 2))
+    core = cores.open(cores.core(QWEN3_MOE, 2))
     options = replace(FAST, local_ranks=1, rendezvous="127.0.0.1:0", join_timeout_s=0.5)
     with pytest.raises(MissingRankError, match=r"rank\(s\) \[1\] did not join"):
         build_runtime(core, RuntimeOptions(ranks=options))
@@ -149,10 +179,10 @@ def start_with_one_remote(core, address: str) -> tuple[threading.Thread, list]:
 
 @pytest.mark.parametrize("joiner", ["other-weights", "one-rank-core"])
 def test_a_rank_with_another_core_is_refused(cores, joiner):
-    theirs = cores.core(LLAMA3, 2) if joiner == "other-weights" else cores.core(QWEN3, 1)
+    theirs = cores.core(LLAMA3, 2) if joiner == "other-weights" else cores.core(QWEN3_MOE, 1)
     expected = "cache identity" if joiner == "other-weights" else "prepared for 1 ranks"
     address = f"127.0.0.1:{free_port()}"
-    thread, outcome = start_with_one_remote(cores.open(cores.core(QWEN3, 2)), address)
+    thread, outcome = start_with_one_remote(cores.open(cores.core(QWEN3_MOE, 2)), address)
     with pytest.raises(RankJoinError, match=expected):
         join_rank(cores.open(theirs), Rendezvous.join(address, timedelta(seconds=30)), None)
     thread.join(HANG_GUARD_S)

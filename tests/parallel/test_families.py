@@ -68,10 +68,14 @@ FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAM
 # (test_hybrid_ranks_hold_their_share_of_the_state_and_restore_snapshots serves it on two ranks against one; its
 # single-group sibling runs here), Gemma 3 (test_config_fuzz_ranks' gemma3 seed cuts its heads, sandwich norms, two
 # rope tables and per-head q/k norms on four ranks against transformers; Gemma 2, sandwich
-# norms too, runs here).
+# norms too, runs here). Two run here only in the sweep because other default tests serve the very same two-rank
+# cores against the same references: Llama 3 (test_two_ranks_with_weights_in_parts_generate_what_one_rank_generates
+# checks its two-rank core's greedy tokens of PROMPTS against transformers', as the test below would) and Qwen3-MoE
+# (test_stress_ranks' qwen3_moe case serves the stress mix on its two-rank core against its one-rank core, and
+# test_generate_cli's loopback rank gives its greedy tokens of PROMPTS against transformers').
 _FAMILY_SWEEP = {"llama2", "mistral", "qwen2", "qwen3", "phi4-mini", "glm4", "smollm3", "granite_moe_shared",
                  "gemma3-capped", "olmo2", "olmo3", "gemma", "hunyuan_moe", "deepseek_v2", "glm4_moe", "starcoder2",
-                 "qwen2_moe", "bamba", "gemma3"}
+                 "qwen2_moe", "bamba", "gemma3", "llama3", "qwen3_moe"}
 if not swept("HELIOS_FAMILY_RANK_SWEEP"):
     FAMILIES = tuple(family for family in FAMILIES if family.name not in _FAMILY_SWEEP)
 # Llama 4 (chunked and NoPE layers' heads, experts weighted on their whole inputs, the shared expert cut by width),

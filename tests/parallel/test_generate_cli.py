@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from helios.cli.main import main
-from ignition.hf_checkpoints import QWEN3
+from ignition.hf_checkpoints import QWEN3_MOE
 from support.sweeps import swept
 
 from .conftest import MAX_TOKENS, PROMPTS
@@ -35,15 +35,15 @@ def free_port() -> int:
 
 # Only with HELIOS_RANK_PROCESS_SWEEP=1 (one more rank process, for the suite's time): test_serve_ranks' `helios serve`
 # starts a two-rank core's rank 1 as a local process with no option (the runtime's default, which `helios generate`
-# takes too), test_failures' and test_server's runtimes do so with processes, and the test below runs `helios generate`
+# takes too), test_rank_frames' and test_server's runtimes do so with processes, and the test below runs `helios generate`
 # on the two-rank core.
 if swept("HELIOS_RANK_PROCESS_SWEEP"):
     def test_generate_runs_local_rank_processes(cores, capsys):
-        assert cli_tokens(cores, cores.core(QWEN3, 2), capsys) == cores.reference_tokens(QWEN3)
+        assert cli_tokens(cores, cores.core(QWEN3_MOE, 2), capsys) == cores.reference_tokens(QWEN3_MOE)
 
 
 def test_a_rank_joining_over_loopback_gives_the_same_tokens(cores, capsys):
-    core, address = cores.core(QWEN3, 2), f"127.0.0.1:{free_port()}"
+    core, address = cores.core(QWEN3_MOE, 2), f"127.0.0.1:{free_port()}"
     joiner = subprocess.Popen([sys.executable, "-m", "helios.cli.main", "rank", str(core), "--join", address,
                                *cores.cli_trust(), "--torch-threads", "1"], stderr=subprocess.PIPE, text=True)
     try:
@@ -51,6 +51,6 @@ def test_a_rank_joining_over_loopback_gives_the_same_tokens(cores, capsys):
         _, stderr = joiner.communicate(timeout=60)
     finally:
         joiner.kill()
-    assert two == cores.reference_tokens(QWEN3)
+    assert two == cores.reference_tokens(QWEN3_MOE)
     assert joiner.returncode == 0
     assert "serving rank 1 of 2" in stderr

@@ -17,7 +17,7 @@ import torch
 
 from helios.contract import StartupOptions
 from helios.runtime.parallel.rank_channel import StepChannel
-from helios.runtime.parallel.rank_peers import join_rank
+from helios.runtime.parallel.rank_peers import RankOptions, join_rank
 from helios.runtime.parallel.rank_rendezvous import (
     AddressError,
     Launch,
@@ -31,10 +31,10 @@ from helios.runtime.parallel.rank_wire import MessageKind, StepMessage, WireDeco
 from helios.runtime.records.capacities import Operation
 from helios.runtime.records.plan import StepPlan
 from helios.runtime.records.request import RequestSpec
-from ignition.hf_checkpoints import QWEN3
+from ignition.hf_checkpoints import QWEN3_MOE
 from support.sweeps import in_sweep
 
-from .conftest import NAMESPACE
+from .conftest import NAMESPACE, running
 
 
 class _Broadcasts:
@@ -249,7 +249,7 @@ STOPS = in_sweep("HELIOS_RANK_FAILURE_SWEEP", (pytest.param(signal.SIGTERM, 143,
 def test_a_stop_signal_while_joining_ends_the_rank_with_one_line(cores, how, code):
     """The rank blocks in the store's connection to a listener that never answers; the signal
     still ends it at once, with its line and status."""
-    core = cores.core(QWEN3, 2)
+    core = cores.core(QWEN3_MOE, 2)
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
@@ -283,14 +283,14 @@ def _rank_outcome(core, *options: str) -> tuple[int, str]:
 
 
 def test_a_core_for_one_rank_or_signed_by_an_untrusted_key_is_one_line(cores, tmp_path):
-    status, line = _rank_outcome(cores.core(QWEN3, 1), "--join", "127.0.0.1:9", "--join-timeout", "1",
+    status, line = _rank_outcome(cores.core(QWEN3_MOE, 1), "--join", "127.0.0.1:9", "--join-timeout", "1",
                                  *cores.cli_trust())
     assert status == 8 and "\n" not in line and "prepared for one rank" in line
     stranger = tmp_path / "stranger.key"
     from helios.cli.main import main
 
     assert main(["keygen", "-o", str(stranger)]) == 0
-    status, line = _rank_outcome(cores.core(QWEN3, 2), "--join", "127.0.0.1:9", "--accept", NAMESPACE, "--trust",
+    status, line = _rank_outcome(cores.core(QWEN3_MOE, 2), "--join", "127.0.0.1:9", "--accept", NAMESPACE, "--trust",
                                  f"{stranger}.pub")
     assert status == 6 and "\n" not in line and "no trusted key" in line
 
@@ -328,7 +328,7 @@ def test_a_rank_whose_rank_zero_dies_exits_with_its_status(cores, when, code, sa
     not join: 8): one line each, no traceback, and the rank's process is gone."""
     from .test_generate_cli import free_port
 
-    core, address = cores.core(QWEN3, 2), f"127.0.0.1:{free_port()}"
+    core, address = cores.core(QWEN3_MOE, 2), f"127.0.0.1:{free_port()}"
     zero = subprocess.Popen([sys.executable, "-c", _RANK_ZERO, str(core), NAMESPACE, str(cores.trust), address, when],
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -418,20 +418,20 @@ def test_the_exit_line_is_one_line_whatever_the_error_holds(monkeypatch, capsys)
 
 def test_a_stop_signal_while_serving_ends_the_rank_with_one_line(cores):
     """The rank waits for rank zero's next message inside a gloo collective; SIGTERM still ends
-    it at once (143, one line), not when the collective returns."""
+    it at once (143, one line), not when the collective returns. Rank zero is this process (its
+    rendezvous on loopback, then idle): only the rank needs a process of its own here."""
     from .test_generate_cli import free_port
 
-    core, address = cores.core(QWEN3, 2), f"127.0.0.1:{free_port()}"
-    zero = subprocess.Popen([sys.executable, "-c", _RANK_ZERO, str(core), NAMESPACE, str(cores.trust), address,
-                             "serving"], stdout=subprocess.PIPE, text=True)
+    core, address = cores.core(QWEN3_MOE, 2), f"127.0.0.1:{free_port()}"
+    rank = _rank(core, "--join", address, "--join-timeout", "60", *cores.cli_trust())
     try:
-        rank = _rank(core, "--join", address, "--join-timeout", "60", *cores.cli_trust())
-        assert zero.stdout.readline() == "ready\n"
-        rank.send_signal(signal.SIGTERM)
-        status, lines = _ended(rank)
+        options = RankOptions(local_ranks=1, rendezvous=address, join_timeout_s=60.0, collective_timeout_s=3.0)
+        with running(cores.open(core), options):  # returns once rank 1 joined and serves
+            rank.send_signal(signal.SIGTERM)
+            status, lines = _ended(rank)
     finally:
-        zero.kill()
-        zero.wait()
+        rank.kill()
+        rank.wait()
     assert status == 143, lines
     assert lines[-1] == "helios rank: stopped by SIGTERM" and len(lines) <= 2, lines
 

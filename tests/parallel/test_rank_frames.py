@@ -15,7 +15,7 @@ from helios.runtime.records.plan import StepPlan
 from helios.runtime.parallel.rank_channel import StepChannel
 from helios.runtime.parallel.rank_timing import PhaseTimers
 from helios.runtime.parallel.rank_wire import MessageKind, StepMessage
-from ignition.hf_checkpoints import LLAMA3, QWEN3
+from ignition.hf_checkpoints import LLAMA3, QWEN3_MOE
 from support.sweeps import in_sweep
 
 from .conftest import MAX_TOKENS, PROMPTS, running
@@ -77,11 +77,12 @@ def test_a_launch_that_fails_on_rank_zero_fails_that_plan_and_the_group_stays_in
 
 
 # A stopped rank with two frames in flight only with HELIOS_RANK_FAILURE_SWEEP=1 (it waits out the 10 s collective
-# timeout): test_failures stops a rank under that timeout, and a killed one here loses both frames.
+# timeout): test_failures' rank that stops answering fails rank zero at its collective timeout, and a killed one
+# here loses both frames.
 @pytest.mark.parametrize("how", in_sweep("HELIOS_RANK_FAILURE_SWEEP", (pytest.param(signal.SIGKILL, id="dies"),),
                                          (pytest.param(signal.SIGSTOP, id="stops-answering"),)))
 def test_a_rank_lost_with_two_frames_in_flight_ends_requests_with_errors(cores, how):
-    with running(cores.open(cores.core(QWEN3, 2)), PROCESSES) as runtime:
+    with running(cores.open(cores.core(QWEN3_MOE, 2)), PROCESSES) as runtime:
         runtime.engine.frames = 2
         lose_a_rank_mid_generation(runtime, how)
         a_late_request_fails(runtime.engine)

@@ -18,7 +18,7 @@ from helios.runtime.parallel.rank_peers import PeerKind
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
 from helios.server.service import ServedModel
-from ignition.hf_checkpoints import QWEN3
+from ignition.hf_checkpoints import QWEN3_MOE
 
 from .conftest import FAST, MAX_TOKENS, NAMESPACE, PROMPTS
 
@@ -49,12 +49,12 @@ def completion_ids(app, prompt: list[int]) -> list[int]:
 
 
 def test_a_two_rank_core_serves_one_rank_tokens_and_reports_a_lost_rank(cores):
-    with serving(cores.open(cores.core(QWEN3, 1))) as (app, _):
+    with serving(cores.open(cores.core(QWEN3_MOE, 1))) as (app, _):
         expected = [completion_ids(app, prompt) for prompt in PROMPTS]
     threads = torch.get_num_threads()
     torch.set_num_threads(4)
     try:
-        with serving(cores.open(cores.core(QWEN3, 2)), replace(FAST, peers=PeerKind.PROCESSES)) as (app, runtime):
+        with serving(cores.open(cores.core(QWEN3_MOE, 2)), replace(FAST, peers=PeerKind.PROCESSES)) as (app, runtime):
             # rank zero shares its intra-op threads with its CPU rank process (test_rank_threads' rule) and
             # gets them back once its peers close, also after one was lost (below)
             assert torch.get_num_threads() == 2
