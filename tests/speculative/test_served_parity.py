@@ -254,9 +254,12 @@ CASES = {
 # Cases whose paths default cases take, only with HELIOS_SPECULATIVE_SWEEP=1: max_tokens 5 (between D + 1 and D + 3,
 # both asked), the chat boundaries 2 and 5 (the text ones are asked, and chat's first speculating limit 4), negative
 # penalties (presence_penalty and frequency_penalty take the penalty path with positive values), a positive bias on
-# the drafted token (the ban takes the bias path) and json_object (json_schema takes the grammar path).
+# the drafted token (the ban takes the bias path), json_object (json_schema takes the grammar path), a late stop
+# string (stop_inside_a_repeated_run stops a drafted run), the system turn (chat renders the template), n = 2 chat
+# choices (n_3's choices), the three penalties at once (each alone) and chat prompt scores (prompt_logprobs').
 _SWEPT_CASES = {"max_tokens_5", "max_tokens_2_of_hello", "max_tokens_5_of_hello", "negative_penalties",
-                "logit_bias_nudges_the_drafted_token", "json_object"}
+                "logit_bias_nudges_the_drafted_token", "json_object", "stop_late", "chat_system", "n_2_chat",
+                "all_penalties_chat", "chat_prompt_logprobs"}
 if not swept("HELIOS_SPECULATIVE_SWEEP"):
     CASES = {name: case for name, case in CASES.items() if name not in _SWEPT_CASES}
 PENALIZED = ("presence_penalty", "frequency_penalty", "repetition_penalty")
