@@ -30,8 +30,12 @@ STREAMS = 24  # with one active at a time, about 5,000 tokens: five times the 1 
 
 
 def test_sigterm_ends_running_streams_with_one_error_event_and_exits_cleanly(tmp_path_factory, tmp_path):
+    # The engine in the serving process, which ends the responses at the deadline whichever process runs the
+    # engine (one process's imports and load, not two): test_lifecycle_faults' second SIGINT ends running streams
+    # the same way (`interrupt_responses`) with the engine process, and test_engine_hangs' SIGTERM reaches the
+    # drain deadline with requests held in the engine process's pipe.
     process = ServerProcess(tiny_core(tmp_path_factory.getbasetemp()), "--max-active", "1", "--queue-capacity", "64",
-                            "--drain-seconds", str(DRAIN_S), log=tmp_path / "server.log")
+                            "--drain-seconds", str(DRAIN_S), "--no-engine-process", log=tmp_path / "server.log")
     events = [threading.Event() for _ in range(STREAMS)]
     with ThreadPoolExecutor(STREAMS) as pool:
         futures = [pool.submit(read_stream, process.url, started) for started in events]
