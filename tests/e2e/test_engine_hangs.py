@@ -90,11 +90,11 @@ def test_health_is_a_503_while_the_engine_process_is_stopped_and_200_again_once_
     assert not served.engine._process.is_alive() and served.engine._process.exitcode == 0  # a clean stop
 
 
-# With HELIOS_ENGINE_HANG_SWEEP=1: test_helios_serve_reports_a_stopped_engine_process_and_a_sigterm_still_ends_it_with_143
-# takes the same shutdown by default (the stopped engine process's pipe filled by submissions, the send lock held
-# by the write blocked on it, the engine process killed after the grace), through `helios serve`, and
-# test_engine_stalls' shutdown test checks that a request the killed engine process held ends cancelled and
-# its permit comes back; this one also checks that the pipe was full and that every request ended cancelled.
+# With HELIOS_ENGINE_HANG_SWEEP=1: the `helios serve` test below (..._a_sigterm_still_ends_it_with_143) takes the
+# same shutdown by default (the stopped engine process's pipe filled by submissions, the send lock held by the
+# write blocked on it, the engine process killed after the grace), and test_engine_stalls' shutdown test checks
+# that a request the killed engine process held ends cancelled and its permit comes back; this one also checks
+# that the pipe was full and that every request ended cancelled.
 if swept("HELIOS_ENGINE_HANG_SWEEP"):
     def test_shutdown_ends_with_the_engine_process_stopped_and_its_pipe_full(core, monkeypatch):
         """Before: `EngineLink.shutdown` waited for the send lock, held by the command write blocked on
