@@ -28,6 +28,9 @@ PROMPTS = [
     [5, 6, 7],
 ]
 MAX_TOKENS = 10
+# A hybrid core's snapshot tests: PROMPTS[0], then a prompt that extends it (restoring the snapshot published at
+# its end).
+RESTORING = [PROMPTS[0], PROMPTS[0] + [7, 8, 9]]
 # The families whose cores serve log-probabilities here (test_sharded_sampling, test_cuda); the other
 # families' cores are prepared with --no-logprobs: no test runs their token-logprobs programs.
 SCORED_FAMILIES = frozenset(family.name for family in (LLAMA3, QWEN3, QWEN3_MOE))
@@ -54,7 +57,7 @@ class Cores:
         prepared_once(shared / "key", shared / ".key-written", lambda: _keygen(self.key, shared / ".key-written"))
         self._checkpoints: dict[tuple[str, int], Path] = {}
         self._cores: dict[str, Path] = {}  # by file name
-        self._reference: dict[str, list[list[int]]] = {}
+        self._reference: dict[tuple, list[list[int]]] = {}
 
     @property
     def trust(self) -> Path:
@@ -119,13 +122,14 @@ class Cores:
         prepared_once(directory, written, write)
         return directory
 
-    def reference_tokens(self, family) -> list[list[int]]:
-        """Greedy tokens of PROMPTS from transformers on the family's checkpoint (float32), computed
-        once: what one rank serves (each family's recipe tests compare one rank with transformers),
-        without preparing and running a one-rank core for each family."""
-        if family.name not in self._reference:
-            self._reference[family.name] = reference_greedy(self.checkpoint(family), PROMPTS, MAX_TOKENS)
-        return self._reference[family.name]
+    def reference_tokens(self, family, prompts: list[list[int]] = PROMPTS) -> list[list[int]]:
+        """Greedy tokens of `prompts` (MAX_TOKENS each) from transformers on the family's checkpoint
+        (float32), computed once: what one rank serves (each family's recipe tests compare one rank
+        with transformers), without preparing and running a one-rank core for each family."""
+        key = (family.name, tuple(map(tuple, prompts)))
+        if key not in self._reference:
+            self._reference[key] = reference_greedy(self.checkpoint(family), prompts, MAX_TOKENS)
+        return self._reference[key]
 
     def open(self, path: Path):
         return open_core(path, accept=NAMESPACE, trusted_keys=[self.trust])
