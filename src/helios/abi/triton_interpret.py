@@ -26,6 +26,16 @@ at every call. And a ``tl.tensor``'s shape (a ``tl.tuple`` of constexprs, whose 
 out) and element count are built once per block shape and shared by the tensors of that shape (they
 are never mutated), not for every tensor an operation returns (a fifth of an interpreted kernel's
 time).
+
+The type work of every binary operation (four in ten of an interpreted kernel's time) is made smaller
+the same way, each result exactly triton's: a block type shares its shape's ``tl.tuple``, element count
+and spelling per shape; dtypes compare their names directly, and block shapes compare with lists and
+tuples of ints directly (triton wraps either side in new objects first); the result type of an
+operation on given operand types is remembered; builtins patched for a launch hand ``_semantic`` on
+without copying their keyword arguments. And the interpreter skips the integer overflow check that
+triton computes for every integer addition, subtraction and product (all of it again in int64, with its
+bounds) only to hand to ``device_assert``, which drops it without ``debug``, as compiled kernels do.
+Every tensor of every launch of tests/abi is bit for bit the same with and without these.
 """
 
 from __future__ import annotations
@@ -52,6 +62,24 @@ def enable_interpreter() -> None:
     _fix_interpreter_nested_patches()
     _fix_interpreter_dtype_table()
     _fix_interpreter_tensor_shapes()
+    _fix_interpreter_block_types()
+    _fix_interpreter_dtype_equality()
+    _fix_interpreter_computation_types()
+    _fix_interpreter_overflow_checks()
+    _fix_interpreter_builtin_calls()
+    _fix_interpreter_shape_equality()
+
+
+def _source_has(fn, *fragments: str) -> bool:
+    """Whether `fn`'s source holds every one of `fragments` (the triton code a replacement reproduces:
+    another triton's is left alone)."""
+    import inspect
+
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    return all(fragment in source for fragment in fragments)
 
 
 def _fix_interpreter_index() -> None:
@@ -231,7 +259,11 @@ def _fix_interpreter_tensor_shapes() -> None:
         self.handle = handle
         self.type = type
         self.dtype = type.scalar
-        dims = tuple(type.shape) if type.is_block() else ()
+        if type.is_block():
+            shape = type.shape  # a tl.tuple of ints: its list, without a Python-level iteration
+            dims = tuple(shape.values) if shape.__class__ is core.tuple else tuple(shape)
+        else:
+            dims = ()
         known = shapes.get(dims)
         if known is None:
             known = shapes[dims] = (core.constexpr(math.prod(dims)), core.tuple([core.constexpr(d) for d in dims]))
@@ -239,3 +271,181 @@ def _fix_interpreter_tensor_shapes() -> None:
 
     tensor_init.helios_shapes_once = True
     core.tensor.__init__ = tensor_init
+
+
+def _fix_interpreter_block_types() -> None:
+    """Replace ``tl.block_type.__init__`` once with one that shares a block shape's ``shape`` (a
+    ``tl.tuple`` of ints: ``tuple`` in triton's ``core`` is its own class), ``numel`` and the shape's
+    spelling in ``name`` (every binary operation's broadcast and every interpreted ``to_ir`` builds block
+    types, each unwrapping its shape into a new ``tl.tuple`` and typing it). A shape given otherwise than
+    as a list or ``tl.tuple`` of ints and int constexprs, or one triton rejects, takes triton's own."""
+    from triton.language import core
+
+    original = core.block_type.__init__
+    if getattr(original, "helios_shapes_once", False) or not _source_has(
+            original, "self.shape = tuple(_unwrap_shape(shape))", "self.numel = validate_block_shape(self.shape)",
+            "self.name = f'<{self.shape}, {self.element_ty}>'"):
+        return
+    shapes: dict[tuple, tuple] = {}  # dims (ints) -> (shape, numel, the shape's spelling)
+
+    def block_type_init(self, element_ty, shape):
+        kind = type(shape)
+        values = shape if kind is list else shape.values if kind is core.tuple else None
+        dims = None
+        if values is not None:
+            dims = []
+            for value in values:
+                if type(value) is int:
+                    dims.append(value)
+                elif type(value) is core.constexpr and type(value.value) is int:
+                    dims.append(value.value)
+                else:
+                    dims = None
+                    break
+        known = shapes.get(tuple(dims)) if dims is not None else None
+        if known is None:
+            original(self, element_ty, shape)  # validates (and raises as triton does)
+            if dims is not None:
+                shapes[tuple(dims)] = (self.shape, self.numel, str(self.shape))
+            return
+        self.element_ty = element_ty
+        self.shape, self.numel, spelled = known
+        self.name = f"<{spelled}, {element_ty}>"
+
+    block_type_init.helios_shapes_once = True
+    core.block_type.__init__ = block_type_init
+
+
+def _fix_interpreter_dtype_equality() -> None:
+    """Replace ``tl.dtype.__eq__`` once with one that compares two dtypes' names directly (its result for
+    any other operand is triton's): triton's unwraps a constexpr operand first, a call of its own on
+    every one of the million type comparisons of a kernel's casts and checks."""
+    from triton.language import core
+
+    original = core.dtype.__eq__
+    if getattr(original, "helios_direct", False) or not _source_has(
+            original, "if not isinstance(other, dtype):", "return self.name == other.name"):
+        return
+    dtype = core.dtype
+
+    def dtype_eq(self, other):
+        if isinstance(other, dtype):
+            return self.name == other.name
+        return original(self, other)
+
+    dtype_eq.helios_direct = True
+    core.dtype.__eq__ = dtype_eq
+
+
+def _fix_interpreter_computation_types() -> None:
+    """Wrap triton's ``computation_type_impl`` (the result type of a binary operation, a function of its
+    operands' scalar types, whether each is a Python number and whether it divides) once with a memo of
+    its answers: which operand's type it returned, or the type it returned otherwise. Operands that it
+    rejects are checked again at every call."""
+    from triton.language.semantic import TritonSemantic
+
+    original = getattr(TritonSemantic, "computation_type_impl", None)
+    if original is None or getattr(original, "helios_memo", False):
+        return
+    answers: dict[tuple, object] = {}
+    first, second = object(), object()  # the answer is the first (second) operand's type
+
+    def computation_type_impl(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod):
+        key = (type(a_ty), a_ty.name, a_is_scalar, type(b_ty), b_ty.name, b_is_scalar, bool(div_or_mod),
+               a_ty is b_ty)
+        answer = answers.get(key)
+        if answer is first:
+            return a_ty
+        if answer is second:
+            return b_ty
+        if answer is not None:
+            return answer
+        found = original(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod)
+        answers[key] = first if found is a_ty else second if found is b_ty else found
+        return found
+
+    computation_type_impl.helios_memo = True
+    TritonSemantic.computation_type_impl = computation_type_impl
+
+
+def _fix_interpreter_overflow_checks() -> None:
+    """Wrap triton's ``binary_op_sanitize_overflow_impl`` once so that an interpreted kernel without
+    ``debug`` skips it: it computes each integer addition, subtraction and product again in int64
+    together with its bounds, only to hand the result to ``device_assert``, which ignores it without
+    ``debug`` (a compiled kernel's compiler drops that code too)."""
+    from triton.language.semantic import TritonSemantic
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    original = getattr(TritonSemantic, "binary_op_sanitize_overflow_impl", None)
+    if original is None or getattr(original, "helios_skipped", False):
+        return
+    # it feeds nothing but device_assert, which must be the one that returns at once without debug
+    if not (_source_has(original, "self.device_assert(cond, msg, None)")
+            and _source_has(TritonSemantic.device_assert, "if not self.builder.options.debug:\n            return")):
+        return
+
+    def binary_op_sanitize_overflow_impl(self, lhs, rhs, binary_op):
+        if isinstance(self.builder, InterpreterBuilder) and not self.builder.options.debug:
+            return None
+        return original(self, lhs, rhs, binary_op)
+
+    binary_op_sanitize_overflow_impl.helios_skipped = True
+    TritonSemantic.binary_op_sanitize_overflow_impl = binary_op_sanitize_overflow_impl
+
+
+def _fix_interpreter_builtin_calls() -> None:
+    """Replace the interpreter's ``_patch_attr`` once with one whose patched builtins hand their keyword
+    arguments on with ``_semantic`` set (triton's copies them into a new dict without it first, at every
+    call) straight to the builtin's function where the member is ``tl.core.builtin``'s wrapper (which
+    only checks that ``_semantic`` is given; a tensor's ``+`` goes through two of them)."""
+    from triton.language import core
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_attr", None)
+    semantic_type = getattr(interpreter, "TritonSemantic", None)
+    if original is None or semantic_type is None or getattr(original, "helios_direct", False) or not _source_has(
+            original, "semantic = TritonSemantic(builder)", 'if k != "_semantic"', "_semantic=semantic"):
+        return
+    wrapper = core.builtin(lambda _semantic=None: None).__code__  # the code of every builtin's wrapper
+    if "fn" not in wrapper.co_freevars:
+        return
+    cell = wrapper.co_freevars.index("fn")
+
+    def patch_attr(obj, name, member, builder, scope):
+        semantic = semantic_type(builder)
+        target = member.__closure__[cell].cell_contents if getattr(member, "__code__", None) is wrapper else member
+
+        def patched(*args, **kwargs):
+            kwargs["_semantic"] = semantic
+            return target(*args, **kwargs)
+
+        scope.set_attr(obj, name, patched)
+
+    patch_attr.helios_direct = True
+    interpreter._patch_attr = patch_attr
+
+
+def _fix_interpreter_shape_equality() -> None:
+    """Replace ``tl.tuple.__eq__`` once with one that compares its values with a list, tuple or
+    ``tl.tuple`` of plain ints directly (what triton's compares them with after unwrapping the other
+    side's constexprs into a new ``tl.tuple``, whose type it spells out: the broadcast of every binary
+    operation compares block shapes so); any other operand takes triton's."""
+    import builtins
+
+    from triton.language import core
+
+    original = core.tuple.__eq__
+    if getattr(original, "helios_direct", False) or not _source_has(
+            original, "other = _normalize_tuple(other)", "return constexpr(self.values == other.values)"):
+        return
+    tl_tuple, constexpr = core.tuple, core.constexpr
+
+    def tuple_eq(self, other):
+        kind = other.__class__
+        values = other if kind is list or kind is builtins.tuple else other.values if kind is tl_tuple else None
+        if values is not None and all(value.__class__ is int for value in values):
+            return constexpr(self.values == list(values))
+        return original(self, other)
+
+    tuple_eq.helios_direct = True
+    core.tuple.__eq__ = tuple_eq
