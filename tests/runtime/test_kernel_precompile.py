@@ -236,13 +236,14 @@ def test_a_fork_server_whose_preload_raises_fails_no_load(tmp_path: Path):
     pytest.importorskip("triton")
     (tmp_path / "raises_on_import.py").write_text('raise ValueError("not importable twice")\n')
     code = """
-import logging, sys, time
+import logging, sys, threading
 from helios.runtime.loading import kernel_precompile
 kernel_precompile.WORKER_PRELOAD += ("raises_on_import",)
 kernel_precompile._COMPILED_HERE = False
 with kernel_precompile.KernelCompiler(2) as compiler:
     compiler.start()
-    time.sleep(3)  # the spawning thread meets the ended server first
+    for spawning in [t for t in threading.enumerate() if t.name == "helios-compile-spawn"]:
+        spawning.join(60)  # the spawning thread meets the ended server first
     sent = compiler.submit(kernel_precompile.CompileJob("m", "k", {}, {}, {}, {}, None), ("k",))
 print("sent", sent, "active", compiler.active)
 """
@@ -355,11 +356,14 @@ def test_the_launch_key_is_the_one_tritons_run_looks_up(monkeypatch):
     assert computed == looked_up and len(set(computed)) == 4
 
 
-def test_a_helios_kernel_compiles_for_sm90_in_a_spawned_worker(tmp_path: Path, monkeypatch):
+def test_a_helios_kernel_compiles_for_sm90_in_a_spawned_worker_into_tritons_disk_cache(tmp_path: Path, monkeypatch):
+    """The compiled variant is where `triton.compile` would look: `cached_on_disk` finds it (so the
+    dry run loads and launches it instead of sending it to a worker), and only that variant."""
     job = _silu_mul_job()
     assert job.signature["gate_up"] == "*bf16" and job.constexprs
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # the spawned worker inherits it
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # its kernels: compiled, not interpreted
+    assert not kernel_precompile.cached_on_disk(job)
     with KernelCompiler(1) as compiler:
         assert not compiler.active and not compiler.submit(job, ("silu",))  # not started: no workers yet
         compiler.start()
@@ -368,6 +372,9 @@ def test_a_helios_kernel_compiles_for_sm90_in_a_spawned_worker(tmp_path: Path, m
     assert report["variants"] == 1 and report["failed"] == [] and report["seconds"] > 0
     cubins = list(tmp_path.rglob("_silu_mul_kernel.cubin"))
     assert len(cubins) == 1 and cubins[0].stat().st_size > 0
+    assert kernel_precompile.cached_on_disk(job)
+    other = dataclasses.replace(job, constexprs={**job.constexprs, next(iter(job.constexprs)): 512})
+    assert not kernel_precompile.cached_on_disk(other)
 
 
 class _BrokenPool(ThreadPoolExecutor):
@@ -384,21 +391,6 @@ def test_a_broken_pool_leaves_the_kernels_to_compile_and_launch_here(kernel):
         assert _launch(kernel, block=32) == "kernel 32"
     assert kernel.compiled == [16, 32] and len(kernel.launches) == 2
     assert not compiler.active and compiler.wait()["variants"] == 0
-
-
-def test_a_variant_in_tritons_disk_cache_is_known_to_be_there(tmp_path: Path, monkeypatch):
-    """`cached_on_disk` finds a variant where `triton.compile` would (so the dry run loads and
-    launches it instead of sending it to a worker), and only that variant."""
-    job = _silu_mul_job()
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the worker compiles; this process may interpret
-    assert not kernel_precompile.cached_on_disk(job)
-    with KernelCompiler(1) as compiler:
-        compiler.start()
-        assert compiler.submit(job, ("silu",)) and compiler.wait()["failed"] == []
-    assert kernel_precompile.cached_on_disk(job)
-    other = dataclasses.replace(job, constexprs={**job.constexprs, next(iter(job.constexprs)): 512})
-    assert not kernel_precompile.cached_on_disk(other)
 
 
 def test_a_variant_already_on_disk_is_loaded_and_launched_here(kernel, monkeypatch):

@@ -1,4 +1,6 @@
-"""Length boundaries on the real serving path, against transformers' float32 greedy `generate`.
+"""Length boundaries on the real serving path, against transformers' float32 greedy choices (its
+argmax after the prompt and each prefix of the served tokens, in one forward: equal to the served
+tokens exactly when they are its greedy continuation).
 
 Tiny cores with pages of 4 tokens, prefill chunks of 8 and a context extent of 48 serve prompts
 whose lengths sit on, one before and one after page and chunk multiples, each with an output limit
@@ -56,7 +58,7 @@ SLIDING = Family("mistral-window", MISTRAL.config_class, MISTRAL.overrides + (("
 
 
 class Core:
-    """A prepared core, its transformers reference and the greedy continuations already asked for."""
+    """A prepared core and its transformers reference."""
 
     def __init__(self, root: Path, family: Family, seed: int, **capacities):
         key = SigningKey.generate()
@@ -67,19 +69,15 @@ class Core:
                                                                           capacities=plan))
         self.core = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[key.public])
         self.reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).float().eval()
-        self.reference.generation_config.eos_token_id = None
-        self._continuations: dict[tuple[int, ...], list[int]] = {}
 
-    def expected(self, prompt: list[int], max_tokens: int) -> list[int]:
-        """transformers' greedy tokens after `prompt`: the continuation to the context's end, cut."""
-        key = tuple(prompt)
-        if key not in self._continuations:
-            with torch.no_grad():
-                ids = torch.tensor([prompt])
-                out = self.reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                              max_new_tokens=CONTEXT - len(prompt), pad_token_id=0)
-            self._continuations[key] = out[0, len(prompt):].tolist()
-        return self._continuations[key][:max_tokens]
+    def greedy(self, prompt: list[int], tokens: list[int]) -> list[int]:
+        """transformers' greedy choice after `prompt` followed by each prefix of `tokens` (one float32
+        forward over both): `tokens` is transformers' greedy continuation of `prompt` exactly when it
+        equals this."""
+        with torch.no_grad():
+            ids = torch.tensor([prompt + tokens[:-1]])
+            logits = self.reference(ids, attention_mask=torch.ones_like(ids)).logits
+        return logits[0, len(prompt) - 1:].argmax(-1).tolist()
 
     def runtime(self, num_pages: int | None = None, **options):
         runtime = build_runtime(self.core, RuntimeOptions(load=LoadOptions(num_pages=num_pages), **options))
@@ -121,7 +119,7 @@ class Served:
         for (prompt, max_tokens), (tokens, finish) in zip(requests, self.run(*requests, **options)):
             where = f"prompt of {len(prompt)} tokens, max_tokens {max_tokens}"
             assert finish.reason == FinishReason.LENGTH, (where, finish.reason, finish.message)
-            assert tokens == self.core.expected(prompt, max_tokens), where
+            assert len(tokens) == max_tokens and tokens == self.core.greedy(prompt, tokens), where
             assert finish.num_output_tokens == max_tokens, where
             finishes.append(finish)
         return finishes
@@ -212,7 +210,8 @@ def test_a_continuation_reuses_the_previous_turn_and_fills_the_context(dense_ser
     rng = random.Random(100 + length)
     prompt = random_ids(rng, length)
     (output, finish), = dense_served.run((prompt, 3), publish_snapshot=True)
-    assert finish.reason == FinishReason.LENGTH and output == dense_served.core.expected(prompt, 3)
+    assert finish.reason == FinishReason.LENGTH and len(output) == 3
+    assert output == dense_served.core.greedy(prompt, output)
     follow = prompt + output + random_ids(rng, 2)
     (finish,) = dense_served.check((follow, CONTEXT - len(follow)), publish_snapshot=True)
     assert finish.num_reused_tokens == (length + 2) // PAGE * PAGE  # every complete page it wrote
@@ -256,7 +255,7 @@ def test_hybrid_lengths_and_snapshot_continuations_fill_the_context(hybrid):
         for length in (1, PAGE - 1, PAGE, CHUNK + 1, 3 * PAGE, CONTEXT - 6):
             prompt = random_ids(rng, length)
             (output, finish), = served.run((prompt, 2), publish_snapshot=True)
-            assert output == hybrid.expected(prompt, 2)
+            assert len(output) == 2 and output == hybrid.greedy(prompt, output)
             follow = prompt + output + random_ids(rng, 1)
             (finish,) = served.check((follow, CONTEXT - len(follow)), publish_snapshot=True)
             assert finish.num_reused_tokens == length + 1  # the snapshot where the first turn ended
@@ -304,7 +303,8 @@ def test_http_prompt_and_limit_filling_the_context_is_served_one_more_is_a_400(d
     response = client("/v1/completions", body)
     assert response.status_code == 200, response.text
     (choice,) = response.json()["choices"]
-    assert choice["finish_reason"] == "length" and choice["token_ids"] == dense.expected(prompt, 9)
+    tokens = choice["token_ids"]
+    assert choice["finish_reason"] == "length" and len(tokens) == 9 and tokens == dense.greedy(prompt, tokens)
     assert response.json()["usage"]["total_tokens"] == CONTEXT
     response = client("/v1/completions", {**body, "max_tokens": 10})
     assert response.status_code == 400, response.text
@@ -317,7 +317,8 @@ def test_http_omitted_limit_after_a_prompt_of_context_minus_one_gives_one_token(
     response = client("/v1/completions", {"prompt": prompt, "n": 2, "return_token_ids": True})
     assert response.status_code == 200, response.text
     for choice in response.json()["choices"]:
-        assert choice["finish_reason"] == "length" and choice["token_ids"] == dense.expected(prompt, 1)
+        assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 1
+        assert choice["token_ids"] == dense.greedy(prompt, choice["token_ids"])
     assert response.json()["usage"] == {"prompt_tokens": CONTEXT - 1, "completion_tokens": 2,
                                         "total_tokens": CONTEXT + 1}
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import helios.ignition.export as export
 import helios.ignition.sharding as sharding
 from helios.core.keys import SigningKey
 from helios.core.reader import open_core
+from helios.ignition.capture_pool import capture_all
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.runtime.loading import model as runtime_model
 from helios.runtime.loading.model import rank_resource
@@ -33,8 +35,23 @@ def cores(tmp_path_factory):
     options = PrepareOptions(NAMESPACE, capacities=CapacityPlan(context_tokens=64, prefill_tokens=16,
                                                                 decode_batches=(2,), mixed=False,
                                                                 token_logprobs=False))
-    prepare_core(checkpoint, root / "whole.core", key, options)
+    captured = []
+
+    def recording(*args):
+        captured.extend(capture_all(*args))
+        return captured
+
+    def replaying(arch, jobs, page_tokens, workers, on_captured):
+        assert len(jobs) == len(captured)
+        for index, program in enumerate(captured):
+            on_captured(index, program)
+        return captured
+
+    # One checkpoint and plan: the parts core's programs are the whole core's, captured once.
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(export, "capture_all", recording)
+        prepare_core(checkpoint, root / "whole.core", key, options)
+        patch.setattr(export, "capture_all", replaying)
         patch.setattr(sharding, "WEIGHT_PART_NBYTES", 64 * 1024)
         prepare_core(checkpoint, root / "parts.core", key, options)
     return root / "whole.core", root / "parts.core", key.public
