@@ -98,11 +98,22 @@ def write_state_graphs_core(source, key_path: Path, namespace: str, target: Path
     return target
 
 
+_EXPORTED: dict[tuple, bytes] = {}  # one copy program per process for the same kind, planes and batch
+
+
 def _export(module: CopyStateRows, source, batch: int) -> bytes:
     buffers = {b.name: b for b in source.prepared.manifest.buffers}
     rows = 6  # any count: the row dimension is dynamic
     planes = [torch.zeros([rows if d.WhichOneof("extent") == "load_extent" else d.size for d in buffers[name].shape])
               for name in PLANES]
+    key = (module.restore, module.broken, batch, tuple(tuple(plane.shape) for plane in planes))
+    if key not in _EXPORTED:
+        _EXPORTED[key] = _exported(module, planes, batch)
+    return _EXPORTED[key]
+
+
+def _exported(module: CopyStateRows, planes: list[torch.Tensor], batch: int) -> bytes:
+    rows = planes[0].shape[1]
     example = (*planes, torch.zeros(rows, dtype=torch.int64), torch.zeros(batch, dtype=torch.int32),
                torch.zeros(batch, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
     dim = torch.export.Dim("state_rows", min=2)
