@@ -32,21 +32,28 @@ SWEEP = swept("HELIOS_COMPILE_SWEEP")
 DECODE_SWEEP = ((32, 4, 3, 2, 1, False), (128, 8, 2, 0, 1, False), (128, 4, 4, 1, 1, False), (64, 4, 2, 2, 1, True),
                 (8, 4, 3, 1, 8, False), (16, 8, 2, 2, 8, False), (32, 4, 2, 1, 2, False), (64, 4, 2, 1, 2, True),
                 (16, 2, 3, 1, 4, False), (32, 4, 2, 1, 4, True), (16, 4, 2, 0, 4, False))
-# Without HELIOS_COMPILE_SWEEP=1 (the suite's time) the bfloat16 pass compiles these of the swept ones: every
-# prefill tile the runtime launches (triton_prefill_tiles: the default, short rows, fused combine, long prompts'
-# per-head descriptor tile), which between them take each of the kernel's layouts and loads (packed, per head,
-# fused combine, descriptor loads); decode: each key/value block (1, 2, 4, 8 pages), speculation and rotary on
-# and off, each prefetch depth, 4 and 8 warps. The other tiles differ in sizes or in a combination of those
-# flags alone (per head unsplit, per head with the fused combine, packed descriptor loads, one split at most).
-# The split variants: every one of each kernel without sinks; with sinks (HAS_SINKS only seeds the softmax
-# of split 0, the same code for every split count) one of each kernel; in float16 (head_dim 96, group 3: the
-# masked head and group lanes) the unsplit and the fused split of each kernel. All with the sweep.
+# Without HELIOS_COMPILE_SWEEP=1 (the suite's time) each code path of a kernel compiles once, at the runtime's
+# shapes: prefill, the tiles of SUITE_PREFILL_TILES that the runtime launches at head_dim 128 (the default's
+# packed unsplit blocks, the fused combine at 128 and at 64 tokens x 4 heads, the long prompts' per-head
+# descriptor tile, compiled with the soft cap: the cap's code in the descriptor loads and in the gathered
+# tiles) and the default tile's split blocks with the combine launch, with sinks; decode, the unsplit walk, the
+# split walk with the fused combine (with sinks), the tuned walk (rotary, speculation, L2 prefetch, dependent
+# launch) with the fused combine and the soft cap, and of the swept configurations SUITE_DECODE: prefetch 0 to
+# 2, 4 and 8 warps, a partly wide tile (4 key/value heads a program, as the batch-256 tile), speculation and
+# rotary on and off. In float16 (head_dim 96, group 3: the masked head and group lanes) the fused split of
+# each kernel, with sinks. The others (the combine launch's variants beside the fused ones, sinks and the cap
+# on their own, the short-rows tile (the default's code at the short-rows tile's size, which the fused 64-token
+# tile compiles), key/value blocks of 2 and 8 pages (the partly wide tile's code), float16's unsplit
+# variants) only with the sweep.
 PREFILL_SPLITS = ((1, False), (4, False), (4, True))  # (NUM_SPLITS, FUSED_COMBINE)
 DECODE_SPLITS = ((1, False, False), (8, False, False), (8, False, True), (1, True, False), (8, True, False),
                  (8, True, True))  # (NUM_SPLITS, TUNED, FUSED)
-SUITE_PREFILL_TILES = ("128x64x8x3", "64x64x4x2", "c128x64x8x3", "c64x64x4x2", "ht64x64x4x3")
-SUITE_DECODE = ((128, 8, 2, 0, 1, False), (64, 4, 2, 2, 1, True), (8, 4, 3, 1, 8, False), (32, 4, 2, 1, 2, False),
-                (32, 4, 2, 1, 4, True))
+# The bfloat16 pass's split variants without the sweep: (without sinks, with sinks); the prefill's unsplit and
+# fused split variants are the 128x64x8x3 and c128x64x8x3 tiles' compiles, the tuned decode one the capped one
+SUITE_PREFILL_SPLITS = ((), ((4, False),))
+SUITE_DECODE_SPLITS = (((1, False, False),), ((8, False, True),))
+SUITE_PREFILL_TILES = ("128x64x8x3", "c128x64x8x3", "c64x64x4x2", "ht64x64x4x3")
+SUITE_DECODE = ((128, 8, 2, 0, 1, False), (64, 4, 2, 2, 1, True), (32, 4, 2, 1, 4, True))
 
 
 def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], **options):
@@ -68,9 +75,10 @@ def compile_kernel(kernel, types: dict[str, str], constants: dict[str, object], 
 
 def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False, swept: bool = True,
                 every_split: bool = True) -> None:
-    """Every kernel at these shapes; `capped`: the soft-capped prefill (split, fused combine; and one
-    contiguous tile) and decode (tuned, fused) too; `every_split` False (and no HELIOS_COMPILE_SWEEP=1):
-    of the split variants only the unsplit and the fused split ones."""
+    """Every kernel at these shapes; `capped`: the soft-capped prefill (one contiguous tile; with
+    HELIOS_COMPILE_SWEEP=1 the split, fused combine at the default tile too) and decode (tuned, fused);
+    `every_split` False (and no HELIOS_COMPILE_SWEEP=1): of the split variants only the fused split ones,
+    with sinks (see `split_variants`)."""
     pointer = f"*{dtype}"
     block_d = triton.next_power_of_2(head_dim)
     attend = dict(out_ptr=pointer, q_ptr=pointer, k_ptr=pointer, v_ptr=pointer, page_table_ptr="*i32",
@@ -84,21 +92,23 @@ def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False, swe
     every_split = every_split or SWEEP
     for sinks in (False, True):  # sinks: helios::paged_attention_sinks(_tuned)
         # split-KV: partials, combine kernel or fused; see PREFILL_SPLITS for the suite's subset
-        for splits, fused in split_variants(PREFILL_SPLITS, sinks, every_split):
+        for splits, fused in split_variants(PREFILL_SPLITS, SUITE_PREFILL_SPLITS, sinks, every_split):
             compile_kernel(prefill._prefill_kernel, attend,
                            dict(shape, HEADS=group, HEADS_FIRST=False, BLOCK_G=block_g, BLOCK_M=128 // block_g,
                                 BLOCK_N=64, HAS_SINKS=sinks, NUM_SPLITS=splits, MIN_TILES=4, FUSED_COMBINE=fused,
                                 CONTIGUOUS=False),
                            num_warps=8, num_stages=3)
         # tuned: the count is read on the device
-        for splits, tuned, fused in split_variants(DECODE_SPLITS, sinks, every_split):
+        for splits, tuned, fused in split_variants(DECODE_SPLITS, SUITE_DECODE_SPLITS, sinks, every_split):
             compile_kernel(decode._decode_kernel, attend,
                            dict(shape, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=splits, TUNED=tuned, HAS_SINKS=sinks,
                                 MIN_TILES=2, FUSED=fused, PREFETCH=1, BLOCK_KV=1, SPECULATE=tuned,
                                 ROTARY=tuned, KV_PAD=1, L2_PREFETCH=tuned and fused,  # helios::rotary_paged_attention
                                 PDL=tuned),  # programmatic dependent launch: a wait first thing
                            num_warps=4, num_stages=2, launch_pdl=tuned)
-    for splits, fused in ((4, True),) if capped else ():  # helios::paged_attention_softcap (Gemma 2's cap 50)
+    # helios::paged_attention_softcap (Gemma 2's cap 50); without the sweep the prefill's cap compiles in the
+    # descriptor tile below (its gathered tiles take the same capped step as these)
+    for splits, fused in ((4, True),) if capped and SWEEP else ():
         compile_kernel(prefill._prefill_kernel, attend,
                        dict(shape, HEADS=group, HEADS_FIRST=False, BLOCK_G=block_g, BLOCK_M=128 // block_g,
                             BLOCK_N=64, HAS_SINKS=False, NUM_SPLITS=splits, MIN_TILES=4, FUSED_COMBINE=fused,
@@ -116,12 +126,13 @@ def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False, swe
         descriptor = f"tensordesc<{dtype}[{tile.block_n},{head_dim}]>"
         contiguous = tile.contiguous and head_dim == block_d  # the launcher's rule
         types = dict(attend, k_desc=descriptor, v_desc=descriptor) if contiguous else attend
-        compile_kernel(prefill._prefill_kernel, types,
-                       dict(shape, HEADS=heads, HEADS_FIRST=tile.per_head, BLOCK_G=triton.next_power_of_2(heads),
-                            BLOCK_M=tile.block_tokens(group), BLOCK_N=tile.block_n, HAS_SINKS=False,
-                            NUM_SPLITS=4 if tile.fused_combine else 1, MIN_TILES=tile.min_split_tiles,
-                            FUSED_COMBINE=tile.fused_combine, CONTIGUOUS=contiguous),
-                       num_warps=tile.num_warps, num_stages=tile.num_stages)
+        if SWEEP or not (contiguous and not capped_contiguous):  # else only capped (the cap's code is a superset)
+            compile_kernel(prefill._prefill_kernel, types,
+                           dict(shape, HEADS=heads, HEADS_FIRST=tile.per_head, BLOCK_G=triton.next_power_of_2(heads),
+                                BLOCK_M=tile.block_tokens(group), BLOCK_N=tile.block_n, HAS_SINKS=False,
+                                NUM_SPLITS=4 if tile.fused_combine else 1, MIN_TILES=tile.min_split_tiles,
+                                FUSED_COMBINE=tile.fused_combine, CONTIGUOUS=contiguous),
+                           num_warps=tile.num_warps, num_stages=tile.num_stages)
         if contiguous and not capped_contiguous:
             capped_contiguous = True
             compile_kernel(prefill._prefill_kernel, types,
@@ -150,12 +161,14 @@ def compile_all(dtype: str, group: int, head_dim: int, capped: bool = False, swe
                    dict(NUM_KV_HEADS=8, BLOCK_H=8, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_TOKENS=16))
 
 
-def split_variants(variants: tuple, sinks: bool, every_split: bool) -> tuple:
-    """The split variants compiled: all of them without sinks where `every_split`, all with the
-    sweep, else the unsplit (first) and the fused split (last) ones; with sinks the last alone."""
-    if SWEEP or (every_split and not sinks):
+def split_variants(variants: tuple, suite: tuple, sinks: bool, every_split: bool) -> tuple:
+    """The split variants compiled: all of them with the sweep; else where `every_split` those of
+    `suite` (without sinks, with sinks), else with sinks the fused split (last) alone and none without."""
+    if SWEEP:
         return variants
-    return variants[-1:] if sinks else (variants[0], variants[-1])
+    if every_split:
+        return suite[sinks]
+    return variants[-1:] if sinks else ()
 
 
 def prefill_sweep_tiles(full: bool = True) -> list[prefill.PrefillTile]:
@@ -175,5 +188,5 @@ if __name__ == "__main__":
     # The benchmark's swept tiles in bfloat16 (what it runs: all of them with HELIOS_COMPILE_SWEEP=1, else
     # SUITE_PREFILL_TILES and SUITE_DECODE); in float16 only with HELIOS_COMPILE_SWEEP=1 (the suite's time: each
     # swept tile compiles twice over otherwise, and the shapes differ only in dtype, group and head width,
-    # which the default tiles above still cover), and of the split variants the unsplit and the fused ones.
+    # which the default tiles above still cover), and of the split variants the fused ones, with sinks.
     compile_all("fp16", group=3, head_dim=96, swept=SWEEP, every_split=False)

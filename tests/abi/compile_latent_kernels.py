@@ -15,8 +15,8 @@ from helios.abi import triton_latent as kernels
 
 
 def compile_all(dtype: str, latent: int, rope: int, precision: str, heads: int, every_variant: bool = True) -> None:
-    """`every_variant` False (and no HELIOS_COMPILE_SWEEP=1): each tile once, unsplit (decode) or split
-    (the multi-token tile), not both."""
+    """Each tile split and unsplit; `every_variant` False (and no HELIOS_COMPILE_SWEEP=1): each tile once,
+    split (decode) or unsplit (the multi-token tile), and the other dtype's pass the other way round."""
     pointer = f"*{dtype}"
     block_c, block_r = max(16, triton.next_power_of_2(latent)), max(16, triton.next_power_of_2(rope))
     types = dict(out_ptr=pointer, q_latent_ptr=pointer, q_rope_ptr=pointer, latent_cache_ptr=pointer,
@@ -27,7 +27,9 @@ def compile_all(dtype: str, latent: int, rope: int, precision: str, heads: int, 
     tiles = {kernels.latent_tiles(1, 1, heads, latent), kernels.latent_tiles(64, 1, heads, latent)}
     variants = [(tile, splits) for tile in sorted(tiles) for splits in (1, 8)]
     if not (every_variant or SWEEP):
-        variants = [(tile, 1 if tile == kernels.latent_tiles(1, 1, heads, latent) else 8) for tile in sorted(tiles)]
+        decode = kernels.latent_tiles(1, 1, heads, latent)
+        variants = [(tile, (8 if tile == decode else 1) if dtype == "bf16" else (1 if tile == decode else 8))
+                    for tile in sorted(tiles)]
     for (block_h, block_t), splits in variants:
         compile_kernel(kernels._latent_attention_kernel, types,
                        dict(LATENT_DIM=latent, ROPE_DIM=rope, BLOCK_C=block_c, BLOCK_R=block_r, BLOCK_H=block_h,
@@ -44,5 +46,7 @@ def compile_all(dtype: str, latent: int, rope: int, precision: str, heads: int, 
 
 
 if __name__ == "__main__":
-    compile_all("bf16", 512, 64, "tf32", heads=16)
+    # Each tile split and unsplit once between the two passes (in bfloat16 decode's split, as long contexts
+    # launch it); every variant of both with HELIOS_COMPILE_SWEEP=1
+    compile_all("bf16", 512, 64, "tf32", heads=16, every_variant=False)
     compile_all("fp32", 32, 16, "ieee", heads=4, every_variant=False)
