@@ -45,8 +45,9 @@ LLAMA3 = Family("llama3", transformers.LlamaConfig, (
     ("tie_word_embeddings", True),
 ))
 # Untied: the tiny random tied model only repeats a prompt's last token, so tests that compare a
-# request's tokens across schedules (the stress) use this one, whose tokens depend on the history.
-LLAMA3_UNTIED = Family("llama3", transformers.LlamaConfig, (*LLAMA3.overrides[:-1], ("tie_word_embeddings", False)))
+# request's tokens across schedules (the stress) use this one, whose tokens depend on the history. Its own
+# name: tests/parallel keys checkpoints and cores by name, and would otherwise hand it Llama 3's tied ones.
+LLAMA3_UNTIED = Family("llama3_untied", transformers.LlamaConfig, (*LLAMA3.overrides[:-1], ("tie_word_embeddings", False)))
 MISTRAL = Family("mistral", transformers.MistralConfig, (("sliding_window", 8), ("tie_word_embeddings", False)))
 QWEN2 = Family("qwen2", transformers.Qwen2Config, (
     ("use_sliding_window", True), ("sliding_window", 6), ("max_window_layers", 1), ("tie_word_embeddings", True),
