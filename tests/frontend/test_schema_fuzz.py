@@ -40,6 +40,12 @@ MAX_TOKENS = 160
 # Random tools forced per syntax: 8 by default (each syntax's writer and parser run on every draw),
 # 16 with HELIOS_SCHEMA_FUZZ_SWEEP=1 (more random schemas through the same paths).
 FORCED_TOOLS = 16 if swept("HELIOS_SCHEMA_FUZZ_SWEEP") else 8
+# The served tests through the tiny core: by default 3 random schemas (two answered, one refused for an
+# unsupported keyword) and 3 forced tools; HELIOS_SCHEMA_FUZZ_SWEEP=1 serves 6 of each, as before (the
+# same draws first). test_outputs_under_random_schemas_validate and test_forced_call_arguments_validate
+# take the grammar and parser paths of many more random schemas by default.
+SERVED_SCHEMAS = 6 if swept("HELIOS_SCHEMA_FUZZ_SWEEP") else 3
+SERVED_TOOLS = 6 if swept("HELIOS_SCHEMA_FUZZ_SWEEP") else 3
 
 
 @pytest.fixture(scope="module")
@@ -398,7 +404,7 @@ def test_served_json_schema_answers_validate_or_end_by_length(served_app):
     says finish_reason "length"; a schema with a keyword llguidance lacks is a 400 naming it."""
     rng = random.Random(5)
     judged = 0
-    for index, schema in enumerate(schemas(4, 6)):
+    for index, schema in enumerate(schemas(4, SERVED_SCHEMAS)):
         refused, keyword = with_unsupported(rng, schema) if index % 3 == 2 else (None, None)
         if refused is not None:
             body = post_chat(served_app, {"response_format": response_format(refused)})
@@ -420,7 +426,7 @@ def test_served_json_schema_answers_validate_or_end_by_length(served_app):
 def test_served_forced_call_arguments_validate(served_app):
     rng = random.Random(8)
     judged = 0
-    for _ in range(6):
+    for _ in range(SERVED_TOOLS):
         writer = SchemaWriter(rng, max_depth=1)
         parameters = writer.object(1)
         parameters["required"] = [key for key in parameters.get("required", ()) if is_markup_name(key)]
