@@ -251,7 +251,10 @@ def _fix_interpreter_tensor_shapes() -> None:
 
     from triton.language import core
 
-    if getattr(core.tensor.__init__, "helios_shapes_once", False):
+    original = core.tensor.__init__
+    if getattr(original, "helios_shapes_once", False) or not _source_has(
+            original, "self.numel = constexpr(math.prod(self.shape))", "self.dtype = type.scalar",
+            "self.shape = tuple([constexpr(s) for s in self.shape])"):
         return
     shapes: dict[tuple, tuple] = {}  # block shape (ints; () for a scalar) -> (numel, shape)
 
