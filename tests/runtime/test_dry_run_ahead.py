@@ -123,11 +123,13 @@ def test_a_plans_dry_run_calls_each_graph_on_the_arguments_and_leaves_failures_t
 
     fresh = (graph("fresh full", fails=True), graph("fresh greedy"))
     plan = _Plan(None, "prefill (batch 1)", (graph("full"), None), fresh)
-    compiler = types.SimpleNamespace(label="")
+    protected = []
+    compiler = types.SimpleNamespace(label="", protect=protected.append)
     with caplog.at_level("DEBUG", logger="helios.runtime.loading.cuda_graphs"):
         dry_run_plan(plan, [1, 2], compiler)
     assert called == [("full", (1, 2)), ("fresh full", (1, 2)), ("fresh greedy", (1, 2))]
     assert compiler.label == "prefill (batch 1)" and "fresh full failed" in caplog.text
+    assert protected == [[], [], []]  # plain callables hold no tensors of their own
 
 
 def _loaded_programs(core):

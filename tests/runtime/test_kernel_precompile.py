@@ -102,6 +102,44 @@ def test_dry_run_sends_each_variant_once_skips_its_launch_and_zeroes_only_interm
     executor.shutdown()
 
 
+def test_a_plans_dry_run_never_zeroes_the_tensors_its_graph_modules_hold(kernel, monkeypatch):
+    """A graph module's own tensors (the constants `step_calls` registers as buffers, an attribute its
+    graph reads) are read by every later call, the capture's too: a skipped launch given one zeroes
+    only the intermediates beside it. (Zeroed, Llama 4's ``ones`` MoE combine weights stayed zero on a
+    first load over an empty Triton cache.)"""
+    from helios.runtime.loading.cuda_graphs import _Plan, dry_run_plan, held_tensors
+
+    monkeypatch.setattr("triton.runtime.jit.JITFunction", StandInJit)  # what `dry_run` patches
+    outputs = []
+
+    def launch(x, combine, table):
+        out = torch.full((4,), 7.0)  # the op's intermediate, written by the launch
+        _launch(kernel, x, combine, table, out)
+        outputs.append(out)
+        return out
+
+    root = torch.nn.Module()
+    root.register_buffer("combine", torch.ones(4), persistent=False)
+    root.table = torch.arange(4.0)  # a plain attribute, as an exported program's constants may be
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(launch, (x, graph.get_attr("combine"), graph.get_attr("table"))))
+    module = torch.fx.GraphModule(root, graph)
+    assert {id(t) for t in held_tensors(module)} == {id(module.combine), id(module.table)}
+    assert held_tensors(launch) == []
+
+    argument = torch.ones(4)
+    compiler = KernelCompiler(1, executor=ThreadPoolExecutor(1))
+    with compiler.dry_run([argument]):
+        dry_run_plan(_Plan(None, "decode (batch 1)", (module, None), None), [argument], compiler)
+    assert kernel.launches == [] and compiler.skipped_launches == 1
+    assert torch.equal(module.combine, torch.ones(4)) and torch.equal(module.table, torch.arange(4.0))
+    assert torch.equal(argument, torch.ones(4)) and torch.equal(outputs[0], torch.zeros(4))
+    compiler.protect([outputs[0]])  # outside a dry run: nothing to protect
+    assert compiler._protected is None
+    compiler.close()
+
+
 def test_dry_run_leaves_other_threads_and_compiled_variants_launching(kernel):
     compiler = KernelCompiler(1, executor=ThreadPoolExecutor(1))
     kernel.device_caches[0][0][32] = "kernel 32"  # compiled before the dry run

@@ -355,10 +355,27 @@ def dry_run_plan(plan: _Plan, arguments: list, compiler: KernelCompiler) -> None
     for module in (*plan.main, *(plan.fresh or ())):
         if module is None:
             continue
+        compiler.protect(held_tensors(module))  # its constants outlive the dry run: never zeroed by it
         try:
             module(*arguments)
         except Exception as error:  # noqa: BLE001 - its warm-up run raises it, typed
             _LOG.debug("dry run of %s failed: %s", plan.name, error)
+
+
+def held_tensors(module) -> list[torch.Tensor]:
+    """The tensors `module` holds itself (every call reads the same ones): its parameters and buffers,
+    and the tensor attributes its graph reads (``get_attr``); none for a plain callable."""
+    if not isinstance(module, torch.nn.Module):
+        return []
+    held = [*module.parameters(), *module.buffers()]
+    for node in module.graph.nodes if isinstance(module, torch.fx.GraphModule) else ():
+        if node.op == "get_attr":
+            value = module
+            for part in node.target.split("."):
+                value = getattr(value, part, None)
+            if isinstance(value, torch.Tensor):
+                held.append(value)
+    return held
 
 
 def _capture(plan: _Plan, pool, warmups: int) -> CapturedProgram:

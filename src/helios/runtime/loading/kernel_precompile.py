@@ -13,7 +13,8 @@ Which variants a load needs is known only by running its programs, so a load run
    target), which compiles it, and builds its launcher, into Triton's on-disk cache. A skipped
    launch leaves its outputs unwritten, so the tensors it was given that are not the program's
    arguments (the op's own intermediates) are zeroed: later ops read zeros, never stale memory
-   (an index read from one stays in range). Arguments (weights, caches, inputs) are never touched.
+   (an index read from one stays in range). Arguments (weights, caches, inputs) and the graph modules' own
+   tensors (their constants: `KernelCompiler.protect`) are never touched.
    Every layer launches the same variants again: such a launch is known sent by its cache key
    (`_launch_key`, what Triton's `run` looks it up by) before Triton packs its arguments again.
 2. `wait`, then the warm-up runs as before: each variant now loads from the cache in milliseconds.
@@ -186,6 +187,7 @@ class KernelCompiler:
         self._names: dict[tuple, str] = {}
         self._times: dict[tuple, list] = {}  # [sent, finished or None, label] (perf_counter), for the report
         self.skipped_launches = 0
+        self._protected: set[int] | None = None  # within `dry_run`: the storages no skipped launch zeroes
         self.label = ""  # what the dry run is running (each variant's report names what sent it)
         self.ran_ahead = False  # dry-run already, on stand-ins (`helios.runtime.loading.dry_run_ahead`)
         self.ahead_seconds = 0.0
@@ -317,8 +319,22 @@ class KernelCompiler:
             yield
             return
         protected = {t.untyped_storage().data_ptr() for t in arguments if isinstance(t, torch.Tensor)}
-        with _patched(JITFunction, self, threading.get_ident(), protected):
-            yield
+        self._protected = protected
+        try:
+            with _patched(JITFunction, self, threading.get_ident(), protected):
+                yield
+        finally:
+            self._protected = None
+
+    def protect(self, tensors: Iterable) -> None:
+        """Within `dry_run`: `tensors`' storages are never zeroed by a skipped launch, as the arguments'
+        are not. A graph module's own tensors (the constants `helios.runtime.loading.step_calls` makes
+        of its shape-only factories: ``ones`` combine weights, a rotary table of a position-free layer)
+        are read by every later call, the capture's included: zeroed by a dry run that skipped the
+        launch they were given to, they stayed zero (Llama 4's MoE combine weights, its first load on
+        an empty Triton cache). Outside a dry run: nothing."""
+        if self._protected is not None:
+            self._protected.update(t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor))
 
     def wait(self) -> dict:
         """Blocks until every variant sent is compiled; {"variants", "failed", "seconds" (the seconds
