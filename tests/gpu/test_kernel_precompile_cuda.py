@@ -1,7 +1,9 @@
 """The load's Triton precompile on CUDA (`helios.runtime.loading.kernel_precompile`): a bfloat16 core
 loaded in fresh processes, each with an empty Triton cache, with compile workers and without. The
 greedy tokens are the same; with workers, the variants were compiled by them, and the warm-up runs
-compiled none that had not been sent to one (the dry run found every variant the capture needs)."""
+compiled none that had not been sent to one (the dry run found every variant the capture needs).
+Llama 4 too: its programs give step constants (``ones`` MoE combine weights, a position-free layer's
+rotary table) to Triton launches that a cold dry run skips, and that once zeroed them for good."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 
 from helios.core.keys import SigningKey
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
-from ignition.hf_checkpoints import LLAMA3
+from ignition.hf_checkpoints import LLAMA3, LLAMA4
 from support.chat_checkpoint import write_chat_checkpoint
 
 pytestmark = pytest.mark.gpu
@@ -34,10 +36,11 @@ def _load(core: Path, key: SigningKey, workers: int, cache: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_workers_compile_what_the_capture_needs_and_the_tokens_do_not_change(tmp_path: Path):
+@pytest.mark.parametrize("family", [LLAMA3, LLAMA4], ids=lambda family: family.name)
+def test_workers_compile_what_the_capture_needs_and_the_tokens_do_not_change(tmp_path: Path, family):
     key = SigningKey.generate()
     checkpoint, core = tmp_path / "llama", tmp_path / "llama.core"
-    write_chat_checkpoint(LLAMA3, checkpoint, seed=5)
+    write_chat_checkpoint(family, checkpoint, seed=5)
     plan = CapacityPlan(context_tokens=256, prefill_tokens=64, decode_batches=(1, 4))
     prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype="bfloat16", capacities=plan))
     parallel = _load(core, key, 2, tmp_path / "cache-workers")
