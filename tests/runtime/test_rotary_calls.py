@@ -122,10 +122,11 @@ class _WithChunked(_Layers):
         return torch.cat([outs, chunked[None]])
 
 
-def test_programs_with_chunked_attention_keep_their_pairs(monkeypatch):
-    """Llama 4's programs are captured unfused (`rotary_calls.FUSE_WITH_CHUNKED`: its CUDA tokens
-    differed with the fusion); the switch fuses them as any other program."""
+def test_programs_with_chunked_attention_fuse_their_pairs_unless_switched_off(monkeypatch):
+    """Llama 4's programs fuse their other pairs as any program does; `rotary_calls.FUSE_WITH_CHUNKED`
+    off keeps them unfused."""
     exported = torch.export.export(_WithChunked(), tuple(_inputs()), strict=False).module()
+    monkeypatch.setattr(rotary_calls, "FUSE_WITH_CHUNKED", False)
     assert rotary_module(exported, enabled=True) is exported
     monkeypatch.setattr(rotary_calls, "FUSE_WITH_CHUNKED", True)
     fused = rotary_module(exported, enabled=True)

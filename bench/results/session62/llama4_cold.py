@@ -5,11 +5,11 @@ first token then). One case per process, on the CUDA core only (the CPU path's t
 ROOT/reference.json, written by the `reference` case), so that each case is a process's first load:
 
 - `reference`: the CPU path's greedy run, saved as JSON;
-- `graphs`: the default capture (the Triton precompile's workers and its dry run on stand-ins);
+- `graphs`: the default capture (the Triton precompile's workers and its dry run on stand-ins; Llama 4's
+  rotary/attention pairs fused, `rotary_calls.FUSE_WITH_CHUNKED`, on again since the fix);
 - `no-workers`: `compile_workers=0` (no worker, no dry run ahead: the warm-up runs compile);
-- `eager`: no capture;
-- `fused`: the default capture with Llama 4's rotary/attention pairs fused (`rotary_calls.FUSE_WITH_CHUNKED`,
-  off by default since session 58, whose fused error needed the step-calls rewrite too).
+- `unfused`: the default capture with those pairs unfused (as sessions 58-61 captured them);
+- `eager`: no capture.
 
 Prints each prompt's first differing token (64: none) and the logits error where all agree.
 Run from the repository root, each case with its own TRITON_CACHE_DIR for an empty cache:
@@ -38,10 +38,10 @@ def main() -> None:
         print("reference written", flush=True)
         return
     expected = json.loads((root / "reference.json").read_text())
-    if case == "fused":
+    if case == "unfused":
         from helios.runtime.loading import rotary_calls
-        rotary_calls.FUSE_WITH_CHUNKED = True
-    load = {"graphs": LoadOptions(device="cuda", cuda_graphs=True), "fused": LoadOptions(device="cuda", cuda_graphs=True),
+        rotary_calls.FUSE_WITH_CHUNKED = False
+    load = {"graphs": LoadOptions(device="cuda", cuda_graphs=True), "unfused": LoadOptions(device="cuda", cuda_graphs=True),
             "no-workers": LoadOptions(device="cuda", cuda_graphs=True, compile_workers=0),
             "eager": LoadOptions(device="cuda", cuda_graphs=False)}[case]
     run = greedy_run(cores.open(LLAMA4), base.PROMPTS, base.NEW_TOKENS, load)

@@ -45,16 +45,13 @@ ATTENTION_OPTIONALS = _ATTENTION  # (read only) for other capture-time rewrites 
 # of the anchor). False restores the two launches (`--rotary-fusion off` in bench/anchor_compare.py).
 FUSE_AT_CAPTURE = True
 # Whether programs with chunked attention (``helios::paged_attention_chunked``: Llama 4) fuse their other
-# pairs. Off: Llama 4's float32 core gave other greedy tokens than the CPU in CUDA graphs with its full
-# layers' pairs fused, and the CPU's tokens without the fusion or eager (bench/results/h100_session58,
-# call 3); on the CPU the fused programs on recorded inputs equal the unfused ones bit for bit, the
-# fused kernel interpreted, so the difference is the compiled path's and not yet found
-# (bench/results/h100_session58/llama4_bisect.py). In bench/results/h100_session61 the fused capture agreed
-# once the step-calls rewrite (`helios.runtime.loading.step_calls`) was off: the error needs both rewrites.
-# The unfused capture there still gave another first token on a cold first run (an empty Triton cache, the
-# first family of its process) and agreed warm: a second difference, not yet found. Every other family
-# fuses (70 agree on CUDA).
-FUSE_WITH_CHUNKED = False
+# pairs. Off from session 58 to 62: Llama 4's float32 core gave other greedy tokens than the CPU in CUDA
+# graphs with its pairs fused (bench/results/h100_session58, call 3), an error that needed the step-calls
+# rewrite too (bench/results/h100_session61). Both it and session 61's unfused cold first-token difference
+# were the Triton precompile's dry run zeroing the step-calls constants it gave a skipped launch (Llama 4's
+# ``ones`` MoE combine weights, the rotary tables of its position-free layers), fixed in session 62
+# (`KernelCompiler.protect`; bench/results/session62 reruns both cold). Off: unfused, as sessions 58-61 captured them.
+FUSE_WITH_CHUNKED = True
 # Fused calls of at most this many tokens (static) get their output projection's weight as the L2
 # prefetch hint at capture; 0: none (the hint is measured by bench/rotary_attention_ab.py and the step
 # A/B of bench/decode_step_profile.py before it is adopted).
