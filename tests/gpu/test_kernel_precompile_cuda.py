@@ -3,7 +3,9 @@ loaded in fresh processes, each with an empty Triton cache, with compile workers
 greedy tokens are the same; with workers, the variants were compiled by them, and the warm-up runs
 compiled none that had not been sent to one (the dry run found every variant the capture needs).
 Llama 4 too: its programs give step constants (``ones`` MoE combine weights, a position-free layer's
-rotary table) to Triton launches that a cold dry run skips, and that once zeroed them for good."""
+rotary table; every family's ``True`` grammar-mask rows of its sampled programs) to Triton launches
+that a cold dry run skips, and that once zeroed them for good: the graph modules' own tensors are the
+same after the load as when they were built."""
 
 from __future__ import annotations
 
@@ -51,3 +53,4 @@ def test_workers_compile_what_the_capture_needs_and_the_tokens_do_not_change(tmp
     assert report["variants"] > 0 and report["failed"] == [] and report["skipped_launches"] > 0
     assert parallel["unsent_after_wait"] == []
     assert serial["report"] is None  # no workers: no dry run
+    assert parallel["held"] > 0 and parallel["held_changed"] == 0  # the dry run left the modules' constants
