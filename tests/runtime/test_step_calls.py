@@ -16,7 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import helios.runtime.loading.programs as program_loading
 from helios.abi.accumulate import accumulate_into
 from helios.abi.slots import packed_slots
-from helios.runtime.loading.cuda_graphs import CapturedProgram, greedy_module
+from helios.runtime.loading.cuda_graphs import CapturedProgram, greedy_module, held_tensors
 from helios.runtime.loading.step_calls import collapse_step_calls, step_module
 from runtime.test_greedy_rows_graph import MAX_TOKENS, _exported_runtime, _runtime, _serve, core_path, reference_tokens  # noqa: F401 (a fixture)
 
@@ -75,6 +75,10 @@ def test_the_decode_graph_loses_its_repeats_and_fills(core_path, monkeypatch):  
                                                                  torch.ops.aten.full_like.default)]
     assert len([n for n in rewritten.graph.nodes if n.target is accumulate_into]) == 2
     assert len(_calls(rewritten)) == len(before) - counts.merged - counts.constants - counts.dropped
+    # the constants are the module's own tensors, which the Triton precompile's dry run never zeroes
+    constants = [getattr(rewritten, n.target) for n in rewritten.graph.nodes if n.op == "get_attr"]
+    assert len(constants) >= counts.constants
+    assert {id(t) for t in constants} <= {id(t) for t in held_tensors(rewritten)}
 
 
 def test_graphs_built_from_the_image_are_rewritten_alike(core_path, monkeypatch):  # noqa: F811
