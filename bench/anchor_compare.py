@@ -343,6 +343,10 @@ def helios_part(core, key, shape, workloads, results: dict, device, bandwidth: f
                 rested_run(runtime.engine, workload, shape.vocab_size, results, args.rested_decode)
             if index < len(workloads) - 1 and workload.requests in short_profile_rows:
                 short_profile(runtime.model, workload.requests, results, args.top)
+                if args.freeze_heap == "on":  # the profiler's objects are the benchmark's, never a server's:
+                    # left in the oldest generation, they made a full collection of ~60 ms in the next
+                    # (256-row) window (bench/results/session62, and h100_session61); collected, the rest frozen
+                    log(f"heap frozen again after the profile: {freeze_startup_heap():,} objects")
         print_summary(results, [w.requests for w in workloads[:-1]], workloads)  # before the levers: kept if
         save(results, args.json)  # the call runs out of time while they run
         CLOCKS.phase("helios step timing")
