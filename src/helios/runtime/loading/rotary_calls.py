@@ -50,7 +50,8 @@ FUSE_AT_CAPTURE = True
 # rewrite too (bench/results/h100_session61). Both it and session 61's unfused cold first-token difference
 # were the Triton precompile's dry run zeroing the step-calls constants it gave a skipped launch (Llama 4's
 # ``ones`` MoE combine weights, the rotary tables of its position-free layers), fixed in session 62
-# (`KernelCompiler.protect`; bench/results/session62 reruns both cold). Off: unfused, as sessions 58-61 captured them.
+# (`KernelCompiler.protect`). In bench/results/session62 each case on its own empty Triton cache, fused,
+# unfused, without workers and eager, gives the CPU's 64 tokens. Off: unfused, as sessions 58-61 captured them.
 FUSE_WITH_CHUNKED = True
 # Fused calls of at most this many tokens (static) get their output projection's weight as the L2
 # prefetch hint at capture; 0: none (the hint is measured by bench/rotary_attention_ab.py and the step
