@@ -275,20 +275,26 @@ def check_ranks(variant: Variant, ranks: int, root: Path, mixed: bool = False) -
 # The suite's seeds (each variant's cut noted), or a sweep of HELIOS_RANK_FUZZ_SEEDS seeds per family.
 
 SEEDS = (  # (draw, seed, ranks): one of each kind of cut
-    ("deepseek", 7, 2),   # latent attention, 6 heads (3 a rank), 4 routed experts, vocab 255, MIXED programs
+    ("deepseek", 163, 2),  # DeepSeek-V3 (test_families' deepseek case runs only in its sweep): latent attention,
+                           # 4 heads (2 a rank) through the low-rank query pair, one dense layer then 8 routed
+                           # experts of width 6 (3 a rank) in 2 groups (1 kept), a shared expert, YaRN, vocab 255,
+                           # MIXED programs
     ("dense", 17, 2),     # refused: one key/value head for 2 ranks (fewer than the ranks)
     ("bamba", 2, 2),      # refused: 3 mixer groups and an MLP width of 9 for 2 ranks
     ("phi3", 6, 4),       # refused: an MLP width of 29 for 4 ranks
     ("gemma3", 8, 4),     # Gemma 3: 12 heads on 4 ranks (3 each), window 5, q/k/v/o biases, untied, vocab 97
 )
-# With HELIOS_RANK_FUZZ_SWEEP=1 besides (about 175 s of CPU on a 2-core machine): cuts of families that
+# With HELIOS_RANK_FUZZ_SWEEP=1 besides (about 185 s of CPU on a 2-core machine): cuts of families that
 # tests/parallel/test_families.py runs on two ranks, and 4-rank cuts of mechanisms the seeds above cut on 4 ranks
-# (split heads with their window). The first four were in the suite's seeds: Bamba's groups split over two ranks as
-# test_families' hybrid snapshot test splits them, Ernie 4.5's rows as test_families' Ernie 4.5 MoE's, Cohere2's
-# parallel block as test_families' Cohere's (its biases added after the all-reduce as Phi-2's), OLMoE's
+# (split heads with their window). The first five were in the suite's seeds: DeepSeek's latent heads in an odd
+# share (seed 163 above cuts them in an even one, the gemma3 seed heads in an odd one), Bamba's groups split over
+# two ranks as test_families' hybrid snapshot test splits them, Ernie 4.5's rows as test_families' Ernie 4.5
+# MoE's, Cohere2's parallel block as test_families' Cohere's (its biases added after the all-reduce as Phi-2's), OLMoE's
 # whole-projection q/k norms and experts by width as test_families' OLMoE cuts them on two ranks (four ranks: the
 # Gemma 3 seed above); MIXED programs on ranks, log-probabilities and prompt scores in the DeepSeek seed above.
 SWEEP_SEEDS = (
+    ("deepseek", 7, 2),   # latent attention, 6 heads (3 a rank: an odd share, as the gemma3 seed's), 4 routed
+                          # experts, vocab 255, MIXED programs (the suite's DeepSeek seed until seed 163)
     ("olmoe", 0, 4),      # OLMoE: whole-projection q/k norms over 4 ranks (3 heads, 1 key/value head each), top-3
                           # of 8 experts of width 48 (12 a rank), q/k/v/o biases, the legacy rope layout
     ("bamba", 7, 2),      # Bamba: 2 mixer groups split over the ranks, vocab 255, MIXED programs

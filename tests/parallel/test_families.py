@@ -56,9 +56,12 @@ FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAM
             + GEMMA_FAMILIES + (QWEN3_NEXT,))
 # Families whose cuts others in the list make too run on two ranks only with HELIOS_FAMILY_RANK_SWEEP=1 (for
 # the suite's time): Llama 2 and Mistral (Llama 3's cut under another rope, or with windows as gpt-oss's), Qwen2 (q/k/v
-# biases by head rows, as Gemma 1's and Phi-2's), Qwen3 (per-head q/k norms, as Gemma 3's), Phi-4-mini (Phi-3's fused
-# rows under partial rotary, as Phi-2's), GLM-4 (partial rotary on each rank's heads as Phi-2's, under sandwich norms
-# as Gemma 2's and 3's), SmolLM3 (NoPE layers: Llama 3's cut, each rank's heads left unrotated), Granite MoE Shared
+# biases by head rows, as Gemma 1's and Phi-2's), Qwen3 (per-head q/k norms, as Gemma 3's), Phi-3-mini (its
+# checkpoint's fused q/k/v and gate/up rows are the fused rows Llama's recipe prepares: Llama 3's cut, which
+# test_two_ranks_with_weights_in_parts_generate_what_one_rank_generates serves, with windows on each rank's heads as
+# gpt-oss's), Phi-4-mini (Phi-3's fused rows under partial rotary, as Phi-2's), GLM-4 (partial rotary on each rank's
+# heads as Phi-2's, under sandwich norms as Gemma 2's and 3's), SmolLM3 (NoPE layers: Llama 3's cut, each rank's
+# heads left unrotated), Granite MoE Shared
 # (Qwen3-MoE's experts by width, a shared expert by width as DeepSeek-V3's, its multipliers folded into the weights
 # before the cut), the capped Gemma 3 (the final soft cap on each rank's vocabulary rows, as
 # Gemma 2's), OLMo 2 and OLMo 3 (whole-projection q/k norms, as OLMoE's, in blocks normed after their summed outputs,
@@ -69,14 +72,17 @@ FAMILIES = (DENSE_FAMILIES + (QWEN3_MOE, GLM4_MOE, DEEPSEEK, GPT_OSS, BAMBA, BAM
 # (test_hybrid_ranks_hold_their_share_of_the_state_and_restore_snapshots serves it on two ranks against one; its
 # single-group sibling runs here), Gemma 3 (test_config_fuzz_ranks' gemma3 seed cuts its heads, sandwich norms, two
 # rope tables and per-head q/k norms on four ranks against transformers; Gemma 2, sandwich
-# norms too, runs here). Two run here only in the sweep because other default tests serve the very same two-rank
-# cores against the same references: Llama 3 (test_two_ranks_with_weights_in_parts_generate_what_one_rank_generates
-# checks its two-rank core's greedy tokens of PROMPTS against transformers', as the test below would) and Qwen3-MoE
+# norms too, runs here), DeepSeek-V3 (test_config_fuzz_ranks' deepseek seed cuts its latent heads through the
+# low-rank query pair, a dense layer, grouped routing over experts cut by width, a shared expert and YaRN on two ranks
+# against transformers, with MIXED programs). Two run here only in the sweep because other default tests serve the
+# very same two-rank cores against the same references: Llama 3
+# (test_two_ranks_with_weights_in_parts_generate_what_one_rank_generates checks its two-rank core's greedy tokens
+# of PROMPTS against transformers', as the test below would) and Qwen3-MoE
 # (test_stress_ranks' qwen3_moe case serves the stress mix on its two-rank core against its one-rank core, and
 # test_generate_cli's loopback rank gives its greedy tokens of PROMPTS against transformers').
-_FAMILY_SWEEP = {"llama2", "mistral", "qwen2", "qwen3", "phi4-mini", "glm4", "smollm3", "granite_moe_shared",
-                 "gemma3-capped", "olmo2", "olmo3", "gemma", "hunyuan_moe", "deepseek_v2", "glm4_moe", "starcoder2",
-                 "qwen2_moe", "bamba", "gemma3", "llama3", "qwen3_moe"}
+_FAMILY_SWEEP = {"llama2", "mistral", "qwen2", "qwen3", "phi3-mini", "phi4-mini", "glm4", "smollm3",
+                 "granite_moe_shared", "gemma3-capped", "olmo2", "olmo3", "gemma", "hunyuan_moe", "deepseek_v2",
+                 "glm4_moe", "starcoder2", "qwen2_moe", "bamba", "gemma3", "deepseek", "llama3", "qwen3_moe"}
 if not swept("HELIOS_FAMILY_RANK_SWEEP"):
     FAMILIES = tuple(family for family in FAMILIES if family.name not in _FAMILY_SWEEP)
 # Llama 4 (chunked and NoPE layers' heads, experts weighted on their whole inputs, the shared expert cut by width),

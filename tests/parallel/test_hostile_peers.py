@@ -10,6 +10,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -296,29 +297,41 @@ def test_a_core_for_one_rank_or_signed_by_an_untrusted_key_is_one_line(cores, tm
 
 
 _RANK_ZERO = """
-import os, sys, time
-from datetime import timedelta
+import sys, time
 from pathlib import Path
-from helios.contract import StartupOptions
 from helios.core.reader import open_core
 from helios.runtime.parallel.rank_peers import RankOptions
-from helios.runtime.parallel.rank_rendezvous import Launch, RankIdentity, Rendezvous
 from helios.runtime.service import RuntimeOptions, build_runtime
 
-path, namespace, trust, address, when = sys.argv[1:]
+path, namespace, trust, address = sys.argv[1:]
 core = open_core(Path(path), accept=namespace, trusted_keys=[Path(trust)])
-if when == "serving":  # rank zero with rank 1 joining over loopback, then idle
-    options = RankOptions(local_ranks=1, rendezvous=address, join_timeout_s=60.0, collective_timeout_s=3.0)
-    runtime = build_runtime(core, RuntimeOptions(ranks=options))
-else:  # only the rendezvous: gone once rank 1 has claimed its rank, while it loads
-    host, _, port = address.rpartition(":")
-    rendezvous = Rendezvous.serve(host, int(port), timedelta(seconds=60))
-    rendezvous.publish(Launch(RankIdentity.of(core.prepared), StartupOptions(), 0, 1, 3.0, join_timeout_s=60.0))
-    while not rendezvous.store.check(["helios/claim/1"]):
-        time.sleep(0.05)
+# rank zero with rank 1 joining over loopback, then idle
+options = RankOptions(local_ranks=1, rendezvous=address, join_timeout_s=60.0, collective_timeout_s=3.0)
+runtime = build_runtime(core, RuntimeOptions(ranks=options))
 print("ready", flush=True)
 time.sleep(300)
 """
+
+
+def _rank_zero_gone_while_loading(cores, core, address: str) -> tuple[int, list[str]]:
+    """The end of a rank whose rank zero (its rendezvous alone, in this process: no process of its
+    own to start) goes away once the rank has claimed its rank, while it loads: the store's last
+    reference dropped, its server closes every connection as a killed process's would."""
+    host, _, port = address.rpartition(":")
+    rendezvous = Rendezvous.serve(host, int(port), timedelta(seconds=60))
+    rendezvous.publish(Launch(RankIdentity.of(cores.open(core).prepared), StartupOptions(), 0, 1, 3.0,
+                              join_timeout_s=60.0))
+    rank = _rank(core, "--join", address, "--join-timeout", "60", *cores.cli_trust())
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not rendezvous.store.check(["helios/claim/1"]):
+            assert rank.poll() is None and time.monotonic() < deadline, "rank 1 never claimed its rank"
+            time.sleep(0.05)
+        del rendezvous  # the store's only reference: its server stops
+        return _ended(rank)
+    finally:
+        rank.kill()
+        rank.wait()
 
 
 @pytest.mark.parametrize("when, code, says", [("serving", 9, "the group broke"),
@@ -329,16 +342,19 @@ def test_a_rank_whose_rank_zero_dies_exits_with_its_status(cores, when, code, sa
     from .test_generate_cli import free_port
 
     core, address = cores.core(QWEN3_MOE, 2), f"127.0.0.1:{free_port()}"
-    zero = subprocess.Popen([sys.executable, "-c", _RANK_ZERO, str(core), NAMESPACE, str(cores.trust), address, when],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        rank = _rank(core, "--join", address, "--join-timeout", "60", *cores.cli_trust())
-        assert zero.stdout.readline() == "ready\n"
-        zero.kill()
-        status, lines = _ended(rank)
-    finally:
-        zero.kill()
-        zero.wait()
+    if when == "loading":
+        status, lines = _rank_zero_gone_while_loading(cores, core, address)
+    else:
+        zero = subprocess.Popen([sys.executable, "-c", _RANK_ZERO, str(core), NAMESPACE, str(cores.trust), address],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            rank = _rank(core, "--join", address, "--join-timeout", "60", *cores.cli_trust())
+            assert zero.stdout.readline() == "ready\n"
+            zero.kill()
+            status, lines = _ended(rank)
+        finally:
+            zero.kill()
+            zero.wait()
     assert status == code, lines
     *before, last = lines
     assert all(line.startswith("helios rank: serving rank 1 of 2") for line in before) and len(before) <= 1, lines
