@@ -586,7 +586,9 @@ def test_an_observed_output_without_tokens_streams_empty_ids(runner, http, trans
 # (`helios.server.step_writes.present`: a lone step by the byte template, steps that piled up for a
 # slow reader as one run), in random groupings.
 
-NUM_FAMILY_DRAWS = 40
+# 20 draws a family by default, 40 with HELIOS_STREAM_PARITY_DRAW_SWEEP=1: more seeds of the same generator (text,
+# the family's markup, whole and broken tool calls, random groupings), whose paths the default draws take.
+NUM_FAMILY_DRAWS = 40 if swept("HELIOS_STREAM_PARITY_DRAW_SWEEP") else 20
 TEXTS = ("Hello", " world", ".", "\n\n", " é", "東京", " 🧪", "{", '"', " 12", "  ")
 
 

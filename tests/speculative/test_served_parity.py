@@ -12,18 +12,20 @@ picks speculative programs ("decode": plain DECODE steps) and the same weights p
 prefix allocation or MIXED steps ("unallocated", prepared by this module).
 
 Every greedy request below goes to the learned server alone (the history server too with
-HELIOS_SPECULATIVE_SWEEP=1), as JSON and as a stream, and must come back as the reference answers
-it: text, token ids, finish reason, usage, log-probabilities (float32 noise allowed), tool calls
-(their random ids aside), prompt scores and echoed prompts. The fields: max_tokens 1 to D + 3 around
+HELIOS_SPECULATIVE_SWEEP=1), as JSON or as a stream (in turn over the cases; the other way in the
+run of all at once below; both ways with HELIOS_SPECULATIVE_SWEEP=1), and must come back as the
+reference answers it (each case's JSON and stream asked together): text, token ids, finish reason,
+usage, log-probabilities (float32 noise allowed), tool calls (their random ids aside), prompt
+scores and echoed prompts. The fields: max_tokens 1 to D + 3 around
 the draft's boundaries, EOS inside a round, stop strings inside a repeated run, stop_token_ids and
 stop_token_sequences on a token the draft proposes, n > 1, logprobs and top_logprobs, echo,
 prompt_logprobs, json_schema output, tools with tool_choice required and named, logit_bias on a
 drafted token, presence/frequency/repetition penalties on outputs that repeat (a drafted token must
 see the penalties of the tokens accepted before it). Then all of them at once on every server but
-the reference, each case JSON or streamed in turn (speculating lanes beside lanes that cannot draft
-in one round, beside requests that keep every step plain, and on "learned" in rounds trimmed to P and
-in MIXED steps). HELIOS_SPECULATIVE_SWEEP=1 sends every case both ways there, and adds the cases whose
-paths default cases take (`_SWEPT_CASES`).
+the reference, each case the way it was not asked alone (speculating lanes beside lanes that
+cannot draft in one round, beside requests that keep every step plain, and on "learned" in rounds
+trimmed to P and in MIXED steps). HELIOS_SPECULATIVE_SWEEP=1 sends every case both ways alone and
+there, and adds the cases whose paths default cases take (`_SWEPT_CASES`).
 
 Sampling (temperature 1): verification is rejection sampling, whose tokens depend on where a
 lane's rounds fall, so speculating sampled output is compared by distribution with the target's
@@ -256,13 +258,25 @@ CASES = {
 # penalties (presence_penalty and frequency_penalty take the penalty path with positive values), a positive bias on
 # the drafted token (the ban takes the bias path), json_object (json_schema takes the grammar path), a late stop
 # string (stop_inside_a_repeated_run stops a drafted run), the system turn (chat renders the template), n = 2 chat
-# choices (n_3's choices), the three penalties at once (each alone) and chat prompt scores (prompt_logprobs').
+# choices (n_3's choices), the three penalties at once (each alone), chat prompt scores (prompt_logprobs') and
+# tool_choice "required" (tools_named forces a call through the tool-call grammar, a lane that cannot draft).
 _SWEPT_CASES = {"max_tokens_5", "max_tokens_2_of_hello", "max_tokens_5_of_hello", "negative_penalties",
                 "logit_bias_nudges_the_drafted_token", "json_object", "stop_late", "chat_system", "n_2_chat",
-                "all_penalties_chat", "chat_prompt_logprobs"}
+                "all_penalties_chat", "chat_prompt_logprobs", "tools_required"}
 if not swept("HELIOS_SPECULATIVE_SWEEP"):
     CASES = {name: case for name, case in CASES.items() if name not in _SWEPT_CASES}
 PENALIZED = ("presence_penalty", "frequency_penalty", "repetition_penalty")
+# By default each case goes to the learned server alone one way and at once with every other case the other way
+# (JSON or streamed, in turn over the cases): each case's JSON and stream are both checked, each way's path taken
+# alone and at once by half the cases. HELIOS_SPECULATIVE_SWEEP=1 sends every case both ways alone and at once.
+STREAMED_AT_ONCE = {name: index % 2 == 1 for index, name in enumerate(reversed(CASES))}
+
+
+def ways(name: str, at_once: bool) -> tuple[bool, ...]:
+    """Whether `name` is streamed (True), sent as JSON (False) or both, alone or at once."""
+    if swept("HELIOS_SPECULATIVE_SWEEP"):
+        return (False, True)
+    return (STREAMED_AT_ONCE[name] if at_once else not STREAMED_AT_ONCE[name],)
 
 
 def path_of(body: dict) -> str:
@@ -347,12 +361,21 @@ def assert_same(actual, expected, where: str = "") -> None:
 
 @pytest.fixture(scope="module")
 def expected(servers, runner):
-    """The reference server's JSON and streamed answer to every case, asked one at a time."""
+    """The reference server's JSON and streamed answer to every case: each case's two at once, two cases at a time
+    (four lanes: one decode batch of the core). The reference never speculates, and a lane's tokens do not depend
+    on the lanes beside it (log-probabilities within float noise, which `assert_same` allows: the learned server's
+    all-at-once run relies on the same), so the four lanes decode in the steps one lane would take alone."""
     reference = servers[REFERENCE]
+    gate = asyncio.Semaphore(2)
+
+    async def one(body: dict) -> tuple[dict, dict]:
+        async with gate:
+            answer, streamed = await asyncio.gather(post(reference, body), stream(reference, body))
+            return canonical(answer), streamed
 
     async def ask():
-        return {name: (canonical(await post(reference, body)), await stream(reference, body))
-                for name, (body, _) in CASES.items()}
+        answers = await asyncio.gather(*(one(body) for body, _ in CASES.values()))
+        return dict(zip(CASES, answers))
 
     return runner.run(ask())
 
@@ -360,17 +383,17 @@ def expected(servers, runner):
 @pytest.mark.parametrize("name", CASES)
 def test_each_request_is_answered_as_without_speculation(name, servers, runner, expected):
     body, speculates = CASES[name]
-    json_body, streamed = expected[name]
 
     async def ask(server: Server):
         before = server.counting.accepted
-        answer = canonical(await post(server, body)), await stream(server, body)
-        return answer, server.counting.accepted - before
+        answers = [(await stream(server, body)) if streamed else canonical(await post(server, body))
+                   for streamed in ways(name, at_once=False)]
+        return answers, server.counting.accepted - before
 
     for server_name in ALONE:
-        (actual_json, actual_stream), accepted = runner.run(ask(servers[server_name]))
-        assert_same(actual_json, json_body, f"{server_name} JSON")
-        assert_same(actual_stream, streamed, f"{server_name} stream")
+        answers, accepted = runner.run(ask(servers[server_name]))
+        for streamed, answer in zip(ways(name, at_once=False), answers):
+            assert_same(answer, expected[name][streamed], f"{server_name} {'stream' if streamed else 'JSON'}")
         if server_name == "learned":
             assert (accepted > 0) == speculates, (server_name, accepted)
 
@@ -388,7 +411,8 @@ def test_the_cases_exercise_what_they_name(expected):
         assert expected[name][0]["choices"][0]["token_ids"] != unpenalized, name
     calls = expected["tools_named"][0]["choices"][0]["message"]["tool_calls"]
     assert [c["function"]["name"] for c in calls] == ["get_time"]
-    assert expected["tools_required"][0]["choices"][0]["message"]["tool_calls"]
+    if "tools_required" in expected:  # HELIOS_SPECULATIVE_SWEEP=1
+        assert expected["tools_required"][0]["choices"][0]["message"]["tool_calls"]
 
 
 @pytest.mark.parametrize("server_name", [*SPECULATING, *ALLOCATED, *PLAIN])
@@ -408,10 +432,9 @@ def test_all_requests_at_once_are_answered_as_one_at_a_time(server_name, servers
             return (await stream(server, body)) if streamed else canonical(await post(server, body))
 
     async def everything():
-        # by default each case once, JSON and streamed in turn (each is asked both ways alone in
+        # by default each case once, JSON and streamed in turn (the other way alone in
         # test_each_request_is_answered_as_without_speculation); both ways with HELIOS_SPECULATIVE_SWEEP=1
-        ways = ((False, True),) if swept("HELIOS_SPECULATIVE_SWEEP") else ((False,), (True,))
-        tasks = [(name, streamed) for index, name in enumerate(reversed(CASES)) for streamed in ways[index % len(ways)]]
+        tasks = [(name, streamed) for name in reversed(CASES) for streamed in ways(name, at_once=True)]
         return tasks, await asyncio.gather(*(one(name, streamed) for name, streamed in tasks))
 
     tasks, answers = runner.run(everything())
@@ -491,10 +514,11 @@ def test_seeded_choices_equal_single_requests_with_their_seeds(server_name, serv
     # speculating lane's tokens would depend on its rounds, which the other lanes move (prefix
     # allocation within P, MIXED steps too): seeded requests never speculate.
     server = servers[server_name]
+    seeded = {**SEEDED, "max_tokens": 12}  # each choice's own draws from the first token on: 12 tokens show them
 
     async def ask():
-        together = await post(server, {**SEEDED, "n": 4})
-        alone = [await post(server, {**SEEDED, "seed": 41 + j}) for j in range(4)]
+        together = await post(server, {**seeded, "n": 4})
+        alone = [await post(server, {**seeded, "seed": 41 + j}) for j in range(4)]
         return together, alone
 
     before = server.counting.accepted
