@@ -45,13 +45,23 @@ def _family(name: str):
 
 
 SPECIAL_IDS = set(range(6))  # support.chat_checkpoint's special tokens: 0-5
-# HELIOS_LOGPROBS_FAMILY_SWEEP=1 adds MoE, DeepSeek latent attention and Mistral's sliding window. By
-# default the dense core covers the reporting path they share, gpt-oss (sinks) a windowed core, the
-# hybrid a core without scored prefill; tests/ignition/test_equivalence checks each family's logits
-# and scored log-probabilities against transformers.
+# HELIOS_LOGPROBS_FAMILY_SWEEP=1 adds MoE, DeepSeek latent attention and Mistral's sliding window, and
+# every presentation variant of a test on every family (`_variants`). By default the dense core covers
+# the reporting path they share (every variant), gpt-oss (sinks) a windowed core, the hybrid a core
+# without scored prefill; tests/ignition/test_equivalence checks each family's logits and scored
+# log-probabilities against transformers.
 SWEPT = ("moe", "latent", "window") if swept("HELIOS_LOGPROBS_FAMILY_SWEEP") else ()
 SCORED = ("dense", "sinks", *SWEPT)  # a hybrid core has no scored-prefill program
 ALL = SCORED + ("hybrid",)
+
+
+def _variants(names: tuple, options: list, kept: list) -> list:
+    """(name, *option) for each family and option of a test: every option on the dense core, the options in `kept`
+    on the other families (their values take the path `kept` takes; how an option presents them, JSON or streamed,
+    with how many alternatives, is the dense core's path too), every option on every family with
+    HELIOS_LOGPROBS_FAMILY_SWEEP=1."""
+    every = swept("HELIOS_LOGPROBS_FAMILY_SWEEP")
+    return [(name, *option) for name in names for option in options if every or name == "dense" or option in kept]
 
 
 def _prepared(name: str, base: Path) -> Path:
@@ -290,8 +300,8 @@ def _completion(runner, family: Family, stream: bool, **fields):
     return "".join(c.choices[0].text for c in chunks), logprobs, ids, chunks[0].choices[0].model_extra
 
 
-@pytest.mark.parametrize("name", SCORED)
-@pytest.mark.parametrize(("num_top", "stream"), [(0, False), (1, True), (5, False), (20, True)])
+@pytest.mark.parametrize(("name", "num_top", "stream"),
+                         _variants(SCORED, [(0, False), (1, True), (5, False), (20, True)], kept=[(20, True)]))
 def test_echo_with_logprobs_equals_transformers(runner, families, name, num_top, stream):
     family = families(name)
     text, logprobs, output_ids, _ = _completion(runner, family, stream, prompt=LONG_PROMPT, max_tokens=4,
@@ -315,8 +325,7 @@ def _first_byte_offsets(family: Family, ids: list[int]) -> list[int]:
     return offsets
 
 
-@pytest.mark.parametrize("name", SCORED)
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("name", "stream"), _variants(SCORED, [(False,), (True,)], kept=[(True,)]))
 def test_prompt_logprobs_equal_transformers_and_repeat_over_a_cached_prefix(runner, families, name, stream):
     family = families(name)
     _completion(runner, family, stream, prompt=LONG_PROMPT, max_tokens=1, temperature=0)  # cached, unscored
@@ -374,8 +383,7 @@ def _chat(runner, family: Family, stream: bool, **fields):
     return [choices[i] for i in sorted(choices)], prompt_ids
 
 
-@pytest.mark.parametrize("name", ALL)
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("name", "stream"), _variants(ALL, [(False,), (True,)], kept=[(True,)]))
 def test_sampled_choices_report_the_distribution_before_temperature(runner, families, name, stream):
     family = families(name)
     choices, prompt_ids = _chat(runner, family, stream, n=3, max_tokens=5, temperature=1.7, top_p=0.9, seed=11,
