@@ -48,14 +48,17 @@ NEW_TOKENS = 6
 
 # (draw, seed): each seed's variant, and the shape axes it covers. The swept ones (HELIOS_SERVED_FUZZ_SWEEP)
 # are more variants on the default ones' kernels: a window not a multiple of the page (moe-0's 6), head_dim
-# 8 (gpt_oss-1), partial rotary (bamba-1's 0.25), latent attention (deepseek-4) serve by default.
+# 8 (gpt_oss-1), partial rotary (bamba-1's 0.25), latent attention (deepseek-4) serve by default. dense-4's
+# axes serve by default on the others: its dense decoder with head_dim 24 and one key/value head is bamba-1's
+# attention layer and MLP, an odd vocabulary moe-0's 97 (and gpt_oss-1's and bamba-1's 131), a rope scaled by
+# position alone (llama3's tables) moe-0's linear and the yarn ones, tied embeddings deepseek-4's.
 SERVED = in_sweep("HELIOS_SERVED_FUZZ_SWEEP", (
-    ("dense", 4),     # Mistral, head_dim 24, one key/value head, vocab 131, llama3 rope, tied
     ("moe", 0),       # Mixtral, head_dim 12, window 6, vocab 97, linear rope
-    ("deepseek", 4),  # DeepSeek-V3 with a query rank, two expert groups, yarn
+    ("deepseek", 4),  # DeepSeek-V3 with a query rank, two expert groups, yarn, tied
     ("gpt_oss", 1),   # gpt-oss, head_dim 8, one key/value head, window 6 on alternate layers, yarn
-    ("bamba", 1),     # Bamba, attention head_dim 24 with partial rotary 0.25, two SSM groups
+    ("bamba", 1),     # Bamba, attention head_dim 24 with partial rotary 0.25, one key/value head, two SSM groups
 ), (
+    ("dense", 4),     # Mistral, head_dim 24, one key/value head, vocab 131, llama3 rope, tied
     ("dense", 12),    # Qwen3, head_dim 24, window 7 on every layer, q/k norm, bias, tied
     ("moe", 5),       # GLM-4 MoE, 8 query heads per key/value head, head_dim 8, partial rotary 0.5
     ("deepseek", 2),  # DeepSeek-V3 latent attention without a query rank, v_head_dim 24
