@@ -32,27 +32,29 @@ SWEEP = swept("HELIOS_COMPILE_SWEEP")
 DECODE_SWEEP = ((32, 4, 3, 2, 1, False), (128, 8, 2, 0, 1, False), (128, 4, 4, 1, 1, False), (64, 4, 2, 2, 1, True),
                 (8, 4, 3, 1, 8, False), (16, 8, 2, 2, 8, False), (32, 4, 2, 1, 2, False), (64, 4, 2, 1, 2, True),
                 (16, 2, 3, 1, 4, False), (32, 4, 2, 1, 4, True), (16, 4, 2, 0, 4, False))
-# Without HELIOS_COMPILE_SWEEP=1 (the suite's time) each code path of a kernel compiles once, at the runtime's
-# shapes: prefill, the tiles of SUITE_PREFILL_TILES that the runtime launches at head_dim 128 (the default's
-# packed unsplit blocks, the fused combine at 128 and at 64 tokens x 4 heads, the long prompts' per-head
-# descriptor tile, compiled with the soft cap: the cap's code in the descriptor loads and in the gathered
-# tiles) and the default tile's split blocks with the combine launch, with sinks; decode, the unsplit walk, the
-# split walk with the fused combine (with sinks), the tuned walk (rotary, speculation, L2 prefetch, dependent
-# launch) with the fused combine and the soft cap, and of the swept configurations SUITE_DECODE: prefetch 0 to
-# 2, 4 and 8 warps, a partly wide tile (4 key/value heads a program, as the batch-256 tile), speculation and
-# rotary on and off. In float16 (head_dim 96, group 3: the masked head and group lanes) the fused split of
-# each kernel, with sinks. The others (the combine launch's variants beside the fused ones, sinks and the cap
-# on their own, the short-rows tile (the default's code at the short-rows tile's size, which the fused 64-token
-# tile compiles), key/value blocks of 2 and 8 pages (the partly wide tile's code), float16's unsplit
-# variants) only with the sweep.
+# Without HELIOS_COMPILE_SWEEP=1 (the suite's time) each code path of a kernel compiles once, at the runtime's shapes:
+# prefill, the tiles of SUITE_PREFILL_TILES that the runtime launches at head_dim 128 (the default's packed unsplit
+# blocks, the fused combine at 128 tokens x 4 heads, the long prompts' per-head descriptor tile, compiled with the soft
+# cap: the cap's code in the descriptor loads and in the gathered tiles); decode, the unsplit walk, the split walk with
+# the fused combine (with sinks), the tuned walk (rotary, speculation, L2 prefetch, dependent launch) with the fused
+# combine and the soft cap, and of the swept configurations SUITE_DECODE: prefetch 0 to 2, 4 and 8 warps, a partly wide
+# tile (4 key/value heads a program, as the batch-256 tile), speculation and rotary on and off. In float16 (head_dim 96,
+# group 3: the masked head and group lanes) the fused split of each kernel, with sinks (the prefill's sinks compile
+# there). The others (the combine launch's variants beside the fused ones: the split blocks that leave their partials to
+# the combine kernel are the fused split's code without its last run's merge, c128x64x8x3's compile; the combine kernel
+# itself compiles in each pass; sinks and the cap on their own, the short prompts' fused 64 tokens x 4 heads tile
+# (c64x64x4x2: the fused combine's code that c128x64x8x3 compiles, at a tile smaller in rows, warps and stages), the
+# short-rows tile (the default's code at the short-rows tile's size), key/value blocks of 2 and 8 pages (the partly wide
+# tile's code), float16's unsplit variants) only with the sweep.
 PREFILL_SPLITS = ((1, False), (4, False), (4, True))  # (NUM_SPLITS, FUSED_COMBINE)
 DECODE_SPLITS = ((1, False, False), (8, False, False), (8, False, True), (1, True, False), (8, True, False),
                  (8, True, True))  # (NUM_SPLITS, TUNED, FUSED)
 # The bfloat16 pass's split variants without the sweep: (without sinks, with sinks); the prefill's unsplit and
-# fused split variants are the 128x64x8x3 and c128x64x8x3 tiles' compiles, the tuned decode one the capped one
-SUITE_PREFILL_SPLITS = ((), ((4, False),))
+# fused split variants are the 128x64x8x3 and c128x64x8x3 tiles' compiles (its sinks float16's fused split), the
+# tuned decode one the capped one
+SUITE_PREFILL_SPLITS = ((), ())
 SUITE_DECODE_SPLITS = (((1, False, False),), ((8, False, True),))
-SUITE_PREFILL_TILES = ("128x64x8x3", "c128x64x8x3", "c64x64x4x2", "ht64x64x4x3")
+SUITE_PREFILL_TILES = ("128x64x8x3", "c128x64x8x3", "ht64x64x4x3")
 SUITE_DECODE = ((128, 8, 2, 0, 1, False), (64, 4, 2, 2, 1, True), (32, 4, 2, 1, 4, True))
 
 
