@@ -34,7 +34,8 @@ DECODE_SWEEP = ((32, 4, 3, 2, 1, False), (128, 8, 2, 0, 1, False), (128, 4, 4, 1
                 (16, 2, 3, 1, 4, False), (32, 4, 2, 1, 4, True), (16, 4, 2, 0, 4, False))
 # Without HELIOS_COMPILE_SWEEP=1 (the suite's time) each code path of a kernel compiles once, at the runtime's shapes:
 # prefill, the tiles of SUITE_PREFILL_TILES that the runtime launches at head_dim 128 (the default's packed unsplit
-# blocks, the fused combine at 128 tokens x 4 heads, the long prompts' per-head descriptor tile, compiled with the soft
+# blocks, the fused combine at 128 and at 64 tokens x 4 heads (every prefill tile the runtime launches compiles by
+# default), the long prompts' per-head descriptor tile, compiled with the soft
 # cap: the cap's code in the descriptor loads and in the gathered tiles); decode, the unsplit walk, the split walk with
 # the fused combine (with sinks), the tuned walk (rotary, speculation, L2 prefetch, dependent launch) with the fused
 # combine and the soft cap, and of the swept configurations SUITE_DECODE: prefetch 0 to 2, 4 and 8 warps, a partly wide
@@ -42,8 +43,7 @@ DECODE_SWEEP = ((32, 4, 3, 2, 1, False), (128, 8, 2, 0, 1, False), (128, 4, 4, 1
 # group 3: the masked head and group lanes) the fused split of each kernel, with sinks (the prefill's sinks compile
 # there). The others (the combine launch's variants beside the fused ones: the split blocks that leave their partials to
 # the combine kernel are the fused split's code without its last run's merge, c128x64x8x3's compile; the combine kernel
-# itself compiles in each pass; sinks and the cap on their own, the short prompts' fused 64 tokens x 4 heads tile
-# (c64x64x4x2: the fused combine's code that c128x64x8x3 compiles, at a tile smaller in rows, warps and stages), the
+# itself compiles in each pass; sinks and the cap on their own, the
 # short-rows tile (the default's code at the short-rows tile's size), key/value blocks of 2 and 8 pages (the partly wide
 # tile's code), float16's unsplit variants) only with the sweep.
 PREFILL_SPLITS = ((1, False), (4, False), (4, True))  # (NUM_SPLITS, FUSED_COMBINE)
@@ -54,7 +54,7 @@ DECODE_SPLITS = ((1, False, False), (8, False, False), (8, False, True), (1, Tru
 # tuned decode one the capped one
 SUITE_PREFILL_SPLITS = ((), ())
 SUITE_DECODE_SPLITS = (((1, False, False),), ((8, False, True),))
-SUITE_PREFILL_TILES = ("128x64x8x3", "c128x64x8x3", "ht64x64x4x3")
+SUITE_PREFILL_TILES = ("128x64x8x3", "c128x64x8x3", "c64x64x4x2", "ht64x64x4x3")
 SUITE_DECODE = ((128, 8, 2, 0, 1, False), (64, 4, 2, 2, 1, True), (32, 4, 2, 1, 4, True))
 
 
