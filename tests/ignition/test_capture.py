@@ -4,8 +4,11 @@ and proof that a decode step writes caches and state in place without copying th
 from __future__ import annotations
 
 
+import contextlib
+
 import pytest
 import torch
+import torch.fx.config
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -79,6 +82,29 @@ def test_saved_programs_hold_no_weights_and_no_example_inputs(prepared):
         assert sum(t.numel() for t in program.constants.values() if isinstance(t, torch.Tensor)) == 0
         kinds = {spec.kind for spec in program.graph_signature.input_specs}
         assert kinds == {torch.export.graph_signature.InputKind.USER_INPUT}
+
+
+def test_programs_trace_without_stack_traces_and_store_the_same_bytes(prepared, monkeypatch):
+    """Each node's Python stack trace cost about 15% of a preparation and `encode_program` drops it: the
+    export runs with torch's switch on (torch 2.13; 2.11 has none), restores it, and stores the bytes a
+    traced export stores."""
+    from helios.abi.program_image import encode_program
+    from helios.ignition import capture
+
+    arch = prepared.recipe.architecture
+    decode = prepared.captured[Operation.DECODE]
+    switch = hasattr(torch.fx.config, "do_not_emit_stack_traces")
+    _, quiet = capture.export_program(arch, Operation.DECODE, decode.spec.capacity, 4)
+    assert not switch or not torch.fx.config.do_not_emit_stack_traces  # restored
+    monkeypatch.setattr(capture._STACK_TRACES, "off", contextlib.nullcontext)
+    _, traced = capture.export_program(arch, Operation.DECODE, decode.spec.capacity, 4)
+
+    def ours(program):  # nodes whose stack trace names the programs' own modules (torch's passes add a few of theirs)
+        return [node for node in program.graph.nodes if "helios" in (node.meta.get("stack_trace") or "")]
+
+    assert len(ours(traced)) > 20, "the traced export records stack traces"
+    assert switch == (not ours(quiet))
+    assert encode_program(quiet) == encode_program(traced) == decode.program
 
 
 def test_programs_declare_the_abi_ops_they_call(prepared):
