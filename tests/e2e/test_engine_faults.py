@@ -40,7 +40,9 @@ def core(tmp_path_factory):
 def served(core):
     """One engine process for the module: the stopped one resumes and serves on, then the last test
     kills it."""
-    served = start_served(core, queue_capacity=REQUESTS + 4)
+    # no C++ CPU kernels: their load costs seconds of CPU, and what is checked here does not depend on them
+    # (test_server's server loads them as `helios serve` does by default)
+    served = start_served(core, queue_capacity=REQUESTS + 4, cpu_kernels=False)
     yield served
     served.shutdown()
 

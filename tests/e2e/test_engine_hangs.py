@@ -25,6 +25,9 @@ from support.engine_served import HANG_GUARD_S, asgi_client, shrink_send_buffer,
 from support.server_core import SERVED_ID, tiny_core
 from support.sweeps import swept
 
+# `--cpu-kernels off` (`cpu_kernels=False`): the loads skip building (or loading from Inductor's cache) the C++ CPU
+# kernels, seconds of CPU; what is checked here (a few tokens at most) does not depend on them, and test_server's
+# server loads them as `helios serve` does by default.
 LIVENESS_S = 1.5  # far below the default: a stopped engine process is unresponsive within the test
 REQUESTS = 24  # each command ~0.5 KiB: several times what the shrunk pipe holds
 
@@ -54,7 +57,7 @@ def resume(pid: int) -> None:
 
 def test_health_is_a_503_while_the_engine_process_is_stopped_and_200_again_once_it_resumes(core):
     """Before: `/health` answered 200 with the engine process stopped (a supervisor could not tell)."""
-    served = start_served(core, 4, liveness_timeout_s=LIVENESS_S)
+    served = start_served(core, 4, liveness_timeout_s=LIVENESS_S, cpu_kernels=False)
     app = create_app(served)
     pid = served.engine._process.pid
 
@@ -103,7 +106,7 @@ if swept("HELIOS_ENGINE_HANG_SWEEP"):
 
         # the grace only delays the kill of an engine process that cannot answer: a short one here
         monkeypatch.setattr(engine_link, "UNRESPONSIVE_GRACE_S", 0.5)
-        served = start_served(core, REQUESTS + 4, liveness_timeout_s=LIVENESS_S)
+        served = start_served(core, REQUESTS + 4, liveness_timeout_s=LIVENESS_S, cpu_kernels=False)
         app = create_app(served)
         process = served.engine._process
         connection = served.engine._connection
@@ -177,7 +180,7 @@ def test_helios_serve_reports_a_stopped_engine_process_and_a_sigterm_still_ends_
 
     # a short drain: the flood waits on the stopped engine process until the drain deadline either way
     server = ServerProcess(core, "--liveness-timeout", str(LIVENESS_S), "--queue-capacity", "300",
-                           "--drain-seconds", "1", log=tmp_path / "server.log")
+                           "--drain-seconds", "1", "--cpu-kernels", "off", log=tmp_path / "server.log")
     engine_pid = None
     try:
         engine_pid = engine_pid_of(server.process.pid)

@@ -40,7 +40,9 @@ def fault():
 
 @pytest.fixture(scope="module")
 def served(core, fault):
-    served = start_served(core, 8, fault=fault, liveness_timeout_s=LIVENESS_S)
+    # no C++ CPU kernels: their load costs seconds of CPU, and the rounds' state, not their speed, is checked here
+    # (test_server's server loads them as `helios serve` does by default)
+    served = start_served(core, 8, fault=fault, liveness_timeout_s=LIVENESS_S, cpu_kernels=False)
     yield served
     fault.release()
     served.shutdown()

@@ -275,6 +275,12 @@ def test_an_engine_process_startup_error_keeps_its_family_and_exit_code():
 
 
 
+# `--cpu-kernels off`: the load skips building (or loading from Inductor's cache) the C++ CPU kernels, seconds of
+# CPU; what is checked here does not depend on them, and test_server's server loads them as `helios serve` does
+# by default. (The SIGHUP test keeps them: the stream it reads during the drain must end within it.)
+NO_KERNELS = ("--cpu-kernels", "off")
+
+
 def child_pids(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as children:
         return [int(child) for child in children.read().split()]
@@ -285,7 +291,7 @@ def serving(core, tmp_path_factory):
     """One `helios serve` for the tests that leave it serving, then the one that stops it (each
     test's state: a fresh server's, as none of them holds a request past its end): one request
     generating at a time, so that the second SIGINT finds streams running."""
-    server = ServerProcess(core, "--max-active", "1", "--queue-capacity", "16",
+    server = ServerProcess(core, "--max-active", "1", "--queue-capacity", "16", *NO_KERNELS,
                            log=tmp_path_factory.mktemp("serving") / "server.log")
     yield server
     if server.process.poll() is None:
@@ -422,7 +428,8 @@ def test_a_killed_engine_process_ends_running_streams_and_the_server_names_the_c
     neither the log nor the exit line said how the worker died (here: killed by SIGKILL), and the
     access log counted the requests it ended as prompt_tokens=0 completion_tokens=0 even when tokens
     had been streamed."""
-    server = ServerProcess(core, "--max-active", "1", "--queue-capacity", "8", log=tmp_path / "server.log")
+    server = ServerProcess(core, "--max-active", "1", "--queue-capacity", "8", *NO_KERNELS,
+                           log=tmp_path / "server.log")
     children = child_pids(server.process.pid)
     events = [threading.Event() for _ in range(6)]
     with ThreadPoolExecutor(len(events) + 1) as pool:
@@ -430,6 +437,10 @@ def test_a_killed_engine_process_ends_running_streams_and_the_server_names_the_c
         for started in events:
             assert started.wait(30)
         held = pool.submit(post_chat, server.url)
+        deadline = time.monotonic() + 30
+        while metric(server.url, "helios_admission_permits_in_use") < len(events) + 1:  # the JSON request admitted
+            assert time.monotonic() < deadline and not held.done(), "the JSON request was never admitted"
+            time.sleep(0.05)
         time.sleep(0.2)  # the JSON request is held too
         os.kill(engine_pid_of(server), signal.SIGKILL)
         texts = [future.result(timeout=15) for future in futures]
@@ -503,6 +514,47 @@ def test_a_stop_signal_whose_unwinding_turns_into_another_error_still_stops_the_
         assert signalled == []
 
 
+SMALL_SEND_BUFFER_DRIVER = """
+import socket, sys
+
+from helios.cli import serve_cmd
+
+_bind = serve_cmd.bind
+
+
+def bind(host, port):
+    sock = _bind(host, port)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # inherited by every connection it accepts
+    return sock
+
+
+serve_cmd.bind = bind
+
+if __name__ == "__main__":
+    from helios.cli.main import main
+
+    sys.exit(main())
+"""
+
+
+class SmallSendBufferServer(ServerProcess):
+    """`helios serve CORE --port 0 ...` whose connections have a send buffer of a few KiB (the listening socket's,
+    set by a driver around `bind`): a reader that stops reading pauses the server's writes after about 80 KiB
+    (the kernel's buffers, then the transport's 64 KiB high-water mark) rather than the several MiB that the
+    loopback's autotuned send buffer holds."""
+
+    def __init__(self, core, tmp_path: Path, *options: str, log: Path):
+        driver = tmp_path / "small_send_buffer_driver.py"
+        driver.write_text(SMALL_SEND_BUFFER_DRIVER)
+        command = [sys.executable, str(driver), "serve", str(core.path), "--accept", core.namespace,
+                   "--trust", str(core.public_key), "--port", "0", "--log-level", "info", *options]
+        self.log = log
+        with open(log, "w") as stderr:
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        self.url = self._read_url()
+        self._wait_healthy()
+
+
 def paused_reader(url: str, body: dict) -> socket.socket:
     """A connection that sends `body` as a streamed chat request, then reads nothing: a small
     receive buffer, so that the server's writes soon wait for it."""
@@ -530,10 +582,12 @@ def test_sighup_drains_like_sigterm_and_drops_readers_paused_after_their_generat
     # the default drain: the serving process may still be forwarding the finished generation's events when the
     # signal comes, and the drop's responses must end within uvicorn's backstop after it. The engine runs in the
     # serving process: the drain and the drop are uvicorn's there whichever process runs the engine (the module's
-    # other servers run the default engine process), and the events of the 7,000 tokens with 20 alternatives
-    # each then need no pickling across its pipe, nor the engine process's imports and load.
-    server = ServerProcess(core, "--no-engine-process", log=tmp_path / "server.log")
-    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 220, "n": 16,
+    # other servers run the default engine process), and the events of the 1,000 tokens with 20 alternatives
+    # each then need no pickling across its pipe, nor the engine process's imports and load. Its connections' small
+    # send buffers pause a reader after about 80 KiB; each reader's response here is several times that (8 x 64
+    # tokens with 20 alternatives each, about 1.3 KiB a token), generated while it reads nothing.
+    server = SmallSendBufferServer(core, tmp_path, "--no-engine-process", log=tmp_path / "server.log")
+    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 64, "n": 8,
             "temperature": 0, "stream": True, "logprobs": True, "top_logprobs": 20}
     readers = [paused_reader(server.url, body) for _ in range(2)]
     try:
@@ -541,7 +595,7 @@ def test_sighup_drains_like_sigterm_and_drops_readers_paused_after_their_generat
         for reader in readers:  # each response started
             while not reader.recv(1, socket.MSG_PEEK):
                 assert time.monotonic() < deadline
-        while metric(server.url, "helios_generated_tokens_total") < 2 * 16 * 220:
+        while metric(server.url, "helios_generated_tokens_total") < 2 * 8 * 64:
             assert time.monotonic() < deadline, "generation never finished"
             time.sleep(0.1)
         started = threading.Event()

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from helios.core.reader import open_core
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server import serve as serve_module
 from helios.server.serve import ServeOptions, WorkerDied, serve
@@ -33,9 +34,12 @@ def test_sigterm_ends_running_streams_with_one_error_event_and_exits_cleanly(tmp
     # The engine in the serving process, which ends the responses at the deadline whichever process runs the
     # engine (one process's imports and load, not two): test_lifecycle_faults' second SIGINT ends running streams
     # the same way (`interrupt_responses`) with the engine process, and test_engine_hangs' SIGTERM reaches the
-    # drain deadline with requests held in the engine process's pipe.
+    # drain deadline with requests held in the engine process's pipe. The generation is bounded by the drain's time,
+    # not its tokens: `--cpu-kernels off` saves the kernels' load (seconds of CPU), and test_server's server loads
+    # them as `helios serve` does by default.
     process = ServerProcess(tiny_core(tmp_path_factory.getbasetemp()), "--max-active", "1", "--queue-capacity", "64",
-                            "--drain-seconds", str(DRAIN_S), "--no-engine-process", log=tmp_path / "server.log")
+                            "--drain-seconds", str(DRAIN_S), "--no-engine-process", "--cpu-kernels", "off",
+                            log=tmp_path / "server.log")
     events = [threading.Event() for _ in range(STREAMS)]
     with ThreadPoolExecutor(STREAMS) as pool:
         futures = [pool.submit(read_stream, process.url, started) for started in events]
@@ -62,7 +66,7 @@ def test_sigterm_ends_running_streams_with_one_error_event_and_exits_cleanly(tmp
 def test_a_dead_model_worker_stops_the_server_with_a_failure(tmp_path_factory, monkeypatch):
     core = tiny_core(tmp_path_factory.getbasetemp())
     runtime = build_runtime(open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key]),
-                            RuntimeOptions(queue_capacity=4))
+                            RuntimeOptions(LoadOptions(cpu_kernels=False), queue_capacity=4))  # 2 tokens: no kernels
 
     def broken_schedule():
         raise RuntimeError("scheduler invariant violated")

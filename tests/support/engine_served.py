@@ -13,6 +13,7 @@ import time
 import httpx
 
 from helios.core.reader import open_core
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.service import RuntimeOptions
 from helios.server import engine_process
 from helios.server.engine_process import CoreSource, start_engine_process
@@ -70,18 +71,19 @@ def _faulty_engine_main(fault: StepFault, *args) -> None:
 
 
 def start_served(core, queue_capacity: int, fault: StepFault | None = None, frontend_workers: int = 2,
-                 **engine_options) -> ServedModel:
+                 cpu_kernels: bool | None = None, **engine_options) -> ServedModel:
     """`core` (`support.server_core.tiny_core`) served from an engine process with one torch thread;
-    `fault`: held or slowed rounds there; `engine_options` go to `start_engine_process` (e.g.
-    `liveness_timeout_s`)."""
+    `fault`: held or slowed rounds there; `cpu_kernels`: `LoadOptions.cpu_kernels` (False: the load skips
+    building or loading the C++ kernels, seconds of CPU for a test that generates a few tokens);
+    `engine_options` go to `start_engine_process` (e.g. `liveness_timeout_s`)."""
     opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
     source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
     main = engine_process._engine_main
     if fault is not None:  # the spawned process runs this main instead (pickled by reference)
         engine_process._engine_main = functools.partial(_faulty_engine_main, fault)
     try:
-        runtime = start_engine_process(source, opened.prepared, RuntimeOptions(queue_capacity=queue_capacity),
-                                       torch_threads=1, **engine_options)
+        options = RuntimeOptions(LoadOptions(cpu_kernels=cpu_kernels), queue_capacity=queue_capacity)
+        runtime = start_engine_process(source, opened.prepared, options, torch_threads=1, **engine_options)
     finally:
         engine_process._engine_main = main
     served = ServedModel.from_runtime(runtime, queue_capacity=queue_capacity, frontend_workers=frontend_workers)
