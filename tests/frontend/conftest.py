@@ -107,6 +107,67 @@ def qwen_tokenizer(tmp_path_factory) -> Tokenizer:
 
 
 _LL_TOKENIZERS: dict = {}
+_SERVED_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def served_tokenizer(text: str) -> Tokenizer:
+    """`Tokenizer.from_str(text)`, once per process for a text (1 to 2 s for a 150k+ vocabulary): the
+    family cores that share a vocabulary store the same tokenizer text, and the modules serve and
+    render them through several frontends. Read-only, as the session tokenizers are."""
+    if text not in _SERVED_TOKENIZERS:
+        _SERVED_TOKENIZERS[text] = Tokenizer.from_str(text)
+    return _SERVED_TOKENIZERS[text]
+
+
+class _SharedTokenizers:
+    """`helios.server.service`'s `Tokenizer` while these modules run: `from_str` is `served_tokenizer`."""
+
+    from_str = staticmethod(served_tokenizer)
+
+
+LARGE_VOCABULARY = 100_000  # the package tokenizers (DeepSeek, Qwen); the small ones tests build are not kept
+_SPELLINGS: dict[int, tuple[Tokenizer, str, int]] = {}
+
+
+def _spelling(tokenizer) -> tuple[str, int] | None:
+    """(`to_str()`, the longest token's length) of a large shared tokenizer, once per process (about
+    0.4 s each for a 150k+ vocabulary, which every frontend and grammar compiler built over it took);
+    None for a small one. Keyed by the object, which the entry holds (its id is not reused): large
+    tokenizers here are the session's and `served_tokenizer`'s, which nothing modifies."""
+    if not isinstance(tokenizer, Tokenizer) or tokenizer.get_vocab_size(with_added_tokens=True) < LARGE_VOCABULARY:
+        return None
+    if id(tokenizer) not in _SPELLINGS:
+        longest = max((len(token) for token in tokenizer.get_vocab(with_added_tokens=True)), default=1)
+        _SPELLINGS[id(tokenizer)] = (tokenizer, tokenizer.to_str(), longest)
+    _, text, longest = _SPELLINGS[id(tokenizer)]
+    return text, longest
+
+
+class _Spelled:
+    """A large tokenizer as `GrammarCompiler.from_tokenizer` reads it, its text from `_spelling`."""
+
+    def __init__(self, tokenizer: Tokenizer, text: str):
+        self._tokenizer, self._text = tokenizer, text
+
+    def to_str(self) -> str:
+        return self._text
+
+    def get_vocab_size(self, with_added_tokens: bool = True) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=with_added_tokens)
+
+
+class _SharedBounds:
+    """`helios.frontend.session`'s `TextBounds` while these modules run: the bound of a large
+    tokenizer from `_spelling`, the same value `TextBounds.from_tokenizer` computes."""
+
+    @staticmethod
+    def from_tokenizer(tokenizer, context_tokens: int):
+        from helios.frontend.decoding.text_bounds import TextBounds
+
+        spelled = _spelling(tokenizer)
+        if spelled is None:
+            return TextBounds.from_tokenizer(tokenizer, context_tokens)
+        return TextBounds(context_tokens * max(1, spelled[1]), context_tokens)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -114,7 +175,11 @@ def shared_ll_tokenizers():
     """The llguidance tokenizer of a vocabulary is built once per process for these modules (about
     3 s for a 150k vocabulary): the modules serve and render the same few vocabularies through many
     frontends, and each `GrammarCompiler.from_tokenizer` built its own. A compiler still is its own
-    (its verdict cache too); the tokenizer it holds is immutable."""
+    (its verdict cache too); the tokenizer it holds is immutable. Likewise once per process: a served
+    core's `tokenizers` tokenizer (`ServedModel.from_runtime`) and a checkpoint's (`read_assets`, which
+    only encodes with it; a core stores its checkpoint's tokenizer.json as it is), both
+    `served_tokenizer`'s, and a large tokenizer's text (the compilers') and longest token (the text
+    bounds'), both `_spelling`'s."""
     import llguidance
 
     from helios.frontend.structured import grammar
@@ -130,6 +195,20 @@ def shared_ll_tokenizers():
                 _LL_TOKENIZERS[key] = llguidance.LLTokenizer(text, n_vocab=n_vocab, eos_token=eos_token)
             return _LL_TOKENIZERS[key]
 
+    from helios.frontend import session
+    from helios.ignition import checkpoint_assets
+    from helios.server import service
+
+    build = grammar.GrammarCompiler.from_tokenizer
+
+    def from_tokenizer(tokenizer, **options):
+        spelled = _spelling(tokenizer)
+        return build(tokenizer if spelled is None else _Spelled(tokenizer, spelled[0]), **options)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(grammar, "llguidance", Shared())
+        patch.setattr(service, "Tokenizer", _SharedTokenizers)  # a served core's tokenizer: `served_tokenizer`
+        patch.setattr(checkpoint_assets, "Tokenizer", _SharedTokenizers)  # a checkpoint's, read to prepare it
+        patch.setattr(grammar.GrammarCompiler, "from_tokenizer", staticmethod(from_tokenizer))
+        patch.setattr(session, "TextBounds", _SharedBounds)
         yield

@@ -132,14 +132,17 @@ def _with_added_tokens() -> Case:
     return _byte_level(tokenizer)
 
 
+_PACKAGE_CASES: dict[str, Case] = {}  # the session tokenizers' cases: read-only, shared by the modules using `case`
+
+
 @pytest.fixture(scope="module", params=["embedded", "qwen", "deepseek", "sentencepiece", "metaspace", "added"])
 def case(request) -> Case:
     if request.param == "embedded":
         return _byte_level(Tokenizer.from_file(str(EMBEDDED)))
-    if request.param == "qwen":
-        return _byte_level(request.getfixturevalue("qwen_tokenizer"))
-    if request.param == "deepseek":
-        return _byte_level(request.getfixturevalue("deepseek_tokenizer"))
+    if request.param in ("qwen", "deepseek"):  # once per process (a second or so for their vocabularies' scan)
+        if request.param not in _PACKAGE_CASES:
+            _PACKAGE_CASES[request.param] = _byte_level(request.getfixturevalue(f"{request.param}_tokenizer"))
+        return _PACKAGE_CASES[request.param]
     if request.param == "sentencepiece":
         return _sentencepiece(LLAMA2)
     if request.param == "metaspace":

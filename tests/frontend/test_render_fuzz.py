@@ -35,7 +35,6 @@ import random
 from collections import Counter
 
 import pytest
-from tokenizers import Tokenizer
 from transformers.utils import chat_template_utils
 
 from helios.errors import RequestError
@@ -49,6 +48,8 @@ from helios.runtime.loading.model import resource_of_kind
 from helios.server.schemas import ChatCompletionRequest
 from support.family_checkpoints import CASES, FamilyCase, hf_tokenizer, prepared_family_core
 from support.sweeps import swept
+
+from .conftest import served_tokenizer
 
 # Each, with and without control markers in client text. HELIOS_RENDER_FUZZ_SWEEP=1 draws 100: the
 # default 40 already take each family's render path (the same drawing code, the same seeds first).
@@ -304,9 +305,9 @@ def reference(case: FamilyCase, hf, body: dict, developer_as_system: bool) -> tu
 def family(request, tmp_path_factory, qwen_tokenizer, deepseek_tokenizer):
     case: FamilyCase = request.param
     tokenizer, core = prepared_family_core(case, tmp_path_factory.getbasetemp(), qwen_tokenizer, deepseek_tokenizer)
-    served_tokenizer = Tokenizer.from_str(core.read_resource(resource_of_kind(core, "TOKENIZER")).decode("utf-8"))
+    served = served_tokenizer(core.read_resource(resource_of_kind(core, "TOKENIZER")).decode("utf-8"))
     template = core.read_resource(resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8")
-    frontend = FrontendModel.from_contract(core.prepared, served_tokenizer, template)
+    frontend = FrontendModel.from_contract(core.prepared, served, template)
     return case, frontend, hf_tokenizer(case, tokenizer)
 
 

@@ -451,15 +451,19 @@ def test_served_forced_call_arguments_validate(served_app):
 
 @pytest.fixture(scope="module")
 def hermes(tmp_path_factory, qwen_tokenizer, deepseek_tokenizer):
-    from helios.runtime.service import RuntimeOptions, build_runtime
-    from helios.server.service import ServedModel
+    """The Hermes family core's frontend, built from its contract, tokenizer and template as the server
+    builds it (test_render_fuzz's way: no weights loaded)."""
+    from helios.frontend.session import FrontendModel
+    from helios.runtime.loading.model import resource_of_kind
     from support.family_checkpoints import CASES, prepared_family_core
 
+    from .conftest import served_tokenizer
+
     case = next(case for case in CASES if case.name == "hermes")
-    tokenizer, opened = prepared_family_core(case, tmp_path_factory.getbasetemp(), qwen_tokenizer, deepseek_tokenizer)
-    served = ServedModel.from_runtime(build_runtime(opened, RuntimeOptions(queue_capacity=2)), queue_capacity=2,
-                                      frontend_workers=1)
-    return case.name, tokenizer, served.frontend
+    tokenizer, core = prepared_family_core(case, tmp_path_factory.getbasetemp(), qwen_tokenizer, deepseek_tokenizer)
+    served = served_tokenizer(core.read_resource(resource_of_kind(core, "TOKENIZER")).decode("utf-8"))
+    template = core.read_resource(resource_of_kind(core, "CHAT_TEMPLATE")).decode("utf-8")
+    return case.name, tokenizer, FrontendModel.from_contract(core.prepared, served, template)
 
 
 def test_json_call_arguments_never_spell_the_block_closer(hermes):

@@ -8,6 +8,7 @@ weights are random (`ignition.hf_checkpoints`), sized to the tokenizer's vocabul
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,19 +98,24 @@ def write_family_checkpoint(case: FamilyCase, tokenizer: Tokenizer, directory: P
     return directory
 
 
-_HF_TOKENIZERS: dict[tuple[str, int], tuple] = {}
+_HF_TOKENIZERS: dict[tuple, tuple] = {}
 
 
 def hf_tokenizer(case: FamilyCase, tokenizer: Tokenizer):
     """The transformers tokenizer apply_chat_template renders with (same special tokens): built once
     per process for a case and tokenizer (about 2 s for a 150k vocabulary, which it copies), so the
-    modules that render each family share it. Callers only render, encode and decode with it."""
+    modules that render each family share it. Families with the same tokenizer, BOS and EOS (Hermes
+    and Qwen3-Coder, DeepSeek V3 and V3.1) share one build: each case's is a shallow copy holding its
+    own chat template. Callers only render, encode and decode with it."""
     key = (case.name, id(tokenizer))
-    if key not in _HF_TOKENIZERS:  # the entry holds `tokenizer`, so its id is not reused
-        _HF_TOKENIZERS[key] = (tokenizer, transformers.PreTrainedTokenizerFast(
-            tokenizer_object=tokenizer, bos_token=case.bos, eos_token=case.eos,
-            chat_template=(TEMPLATES / case.template).read_text(),
-        ))
+    if key not in _HF_TOKENIZERS:  # the entries hold `tokenizer`, so its id is not reused
+        base_key = ("base", id(tokenizer), case.bos, case.eos)
+        if base_key not in _HF_TOKENIZERS:
+            _HF_TOKENIZERS[base_key] = (tokenizer, transformers.PreTrainedTokenizerFast(
+                tokenizer_object=tokenizer, bos_token=case.bos, eos_token=case.eos))
+        rendering = copy.copy(_HF_TOKENIZERS[base_key][1])
+        rendering.chat_template = (TEMPLATES / case.template).read_text()
+        _HF_TOKENIZERS[key] = (tokenizer, rendering)
     return _HF_TOKENIZERS[key][1]
 
 
