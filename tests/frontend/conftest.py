@@ -45,16 +45,20 @@ def _load_ranks(path: Path) -> dict[bytes, int]:
 def tokenizer_from_tiktoken(path: Path, pattern: str, special_tokens: list[tuple[int, str]]) -> Tokenizer:
     """A `tokenizers` BPE equivalent to a tiktoken encoding (ranks, split pattern, special tokens)."""
     ranks = _load_ranks(path)
-    alphabet = _byte_to_unicode()
+    alphabet = str.maketrans({chr(byte): char for byte, char in _byte_to_unicode().items()})
 
-    def spell(token: bytes) -> str:
-        return "".join(alphabet[b] for b in token)
+    def spell(token: bytes) -> str:  # each byte as its alphabet character (latin-1: byte b is chr(b))
+        return token.decode("latin-1").translate(alphabet)
 
     merges = []
+    rank_of = ranks.get
     for token, rank in ranks.items():
         for cut in range(1, len(token)):
-            left, right = ranks.get(token[:cut]), ranks.get(token[cut:])
-            if left is not None and right is not None and left < rank and right < rank:
+            left = rank_of(token[:cut])
+            if left is None or left >= rank:
+                continue
+            right = rank_of(token[cut:])
+            if right is not None and right < rank:
                 merges.append((rank, left, right, spell(token[:cut]), spell(token[cut:])))
     merges.sort()
     vocab = {spell(token): rank for token, rank in ranks.items()}
