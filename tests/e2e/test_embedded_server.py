@@ -5,7 +5,8 @@ The model is prepared into a fresh cache on the server's first start, by default
 (a driver sets `helios.embedded.prepared.DECODE_BATCHES` before `helios serve` runs): the requests here
 come one at a time, so they decode in the batch of 1 with any plan, and capturing the default plan's
 larger batches takes the capture path the tiny cores' batches of 4 and 8 take (tests/e2e/test_server).
-HELIOS_EMBEDDED_PLAN_SWEEP=1 prepares the default plan itself, as a user's first start does.
+HELIOS_EMBEDDED_PLAN_SWEEP=1 prepares the default plan itself and serves it from an engine process, as a user's
+first start does.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ def server(tmp_path_factory):
     else:
         driver = root / "one_decode_batch.py"
         driver.write_text(ONE_DECODE_BATCH_DRIVER)
-        command = [sys.executable, str(driver), "serve", "--port", "0"]
+        # the engine in the serving process: the answers are the model's whichever process runs it (test_server's
+        # server runs the default engine process), and one process's imports and load are saved
+        command = [sys.executable, str(driver), "serve", "--port", "0", "--no-engine-process"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = None
     deadline = time.monotonic() + 240
