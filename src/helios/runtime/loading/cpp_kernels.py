@@ -1,6 +1,7 @@
 """C++ kernels of CPU programs, built at load through Inductor's C++ toolchain (a C++ compiler on
 PATH, or ``CXX``) and its on-disk cache (``TORCHINDUCTOR_CACHE_DIR``): each source once per process,
-compiled once per machine.
+compiled once per machine (and the vector instruction set they are built for probed once per machine,
+`helios.runtime.loading.vector_isa`).
 
 Thread ownership: built at load; the returned calls run on the model worker.
 """
@@ -20,6 +21,10 @@ def build_cpp_kernel(argument_types: Sequence[str], source: str) -> Callable:
     kernel = _BUILT.get(source)
     if kernel is None:
         from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+        from helios.runtime.loading.vector_isa import settle_vector_isa
+
+        settle_vector_isa(compiler_available())  # the first build of the process: its probes, once per machine
 
         kernel = _BUILT[source] = CppPythonBindingsCodeCache.load_pybinding(list(argument_types), source)
     return kernel

@@ -48,6 +48,7 @@ from helios.runtime.loading.cpu_programs import CpuProgram
 from helios.runtime.loading.decode_attention_kernel import bind_decode_attention, build_kernel
 from helios.runtime.loading.packed_linears import pack_linears
 from helios.runtime.loading.segment_calls import compile_segment
+from helios.runtime.loading.vector_isa import settle_vector_isa
 
 
 class ProgramCompileError(LoadError):
@@ -64,6 +65,7 @@ def compile_programs(programs: Iterable, arguments: Callable[[object], list],
     if compiler_available() is None:
         raise ProgramCompileError("--compile-programs needs a C++ compiler for Inductor (g++ or clang++ on PATH, "
                                   "or CXX); install one or serve without compiling programs")
+    settle_vector_isa(compiler_available())  # Inductor's vector set: probed once per machine
     say = progress or (lambda line: None)
     started = time.perf_counter()
     packed: dict = {}  # packed projection weights, shared between the programs
