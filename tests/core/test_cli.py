@@ -152,7 +152,7 @@ def test_ctrl_c_while_the_commands_are_imported_is_one_line(monkeypatch, capsys)
     KeyboardInterrupt traceback and an exit by the signal."""
     import helios.cli.main as cli_main
 
-    def interrupted():
+    def interrupted(argv=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli_main, "build_parser", interrupted)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -35,6 +38,28 @@ def test_every_subcommand_has_a_one_line_description():
     assert {"generate", "serve", "prepare", "contract check"} <= set(commands)
     for name, text in commands.items():
         assert text and "\n" not in text and len(text) < 100, name
+
+
+def test_each_command_is_registered_by_the_module_its_table_names_and_alone_imports_no_other():
+    """`helios verify` imported every command module (torch among them: about 5 s before anything
+    ran); a command line naming a command now imports its module only."""
+    from helios.cli import main as cli_main
+
+    registered = {}
+    for module in cli_main.COMMAND_MODULES:
+        parser = argparse.ArgumentParser()
+        importlib.import_module(module).register(parser.add_subparsers())
+        choices = next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        registered.update({name: module for name in choices})
+    assert registered == cli_main.COMMANDS
+    for name, module in cli_main.COMMANDS.items():
+        assert set(dict(_subcommands(build_parser([name, "--help"])))) == {
+            command for command in dict(_subcommands(build_parser())) if command.split()[0] in
+            {other for other, owner in cli_main.COMMANDS.items() if owner == module}}
+    probe = ("import sys; from helios.cli.main import build_parser; build_parser(['verify', 'x.core']); "
+             "print(sorted(m for m in ('torch', 'helios.cli.serve_cmd', 'helios.cli.prepare_cmd') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr[-2000:])
 
 
 def test_generate_on_the_embedded_model_needs_only_the_prompt(tmp_path, tmp_path_factory, monkeypatch, capsys):

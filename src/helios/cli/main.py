@@ -30,9 +30,20 @@ COMMAND_MODULES = (
     "helios.cli.serve_cmd",
     "helios.cli.rank_cmd",
 )
+# The module that registers each command (tests/server/test_cli_operations checks it against them all).
+COMMANDS = {
+    "contract": "helios.cli.contract_cmd",
+    **{name: "helios.cli.core_cmd" for name in ("keygen", "sign", "verify", "inspect", "relocate")},
+    "prepare": "helios.cli.prepare_cmd",
+    "generate": "helios.cli.generate_cmd",
+    "serve": "helios.cli.serve_cmd",
+    "rank": "helios.cli.rank_cmd",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; given the command line `argv`, only its command's module is
+    imported where it names one (the others import torch: seconds that `helios verify` need not wait)."""
     parser = argparse.ArgumentParser(
         prog="helios",
         description="Prepared-model LLM serving: prepare, sign, verify, inspect and serve model cores.",
@@ -40,9 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"helios {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for name in COMMAND_MODULES:
+    chosen = _chosen_module(argv)
+    for name in COMMAND_MODULES if chosen is None else (chosen,):
         importlib.import_module(name).register(subparsers)
     return parser
+
+
+def _chosen_module(argv: list[str] | None) -> str | None:
+    """The module of the command `argv` names (its first argument: the options before a command take
+    no values), or None (no command line, help, or an unknown command: every command is registered)."""
+    if argv is None or not argv or argv[0].startswith("-"):
+        return None
+    return COMMANDS.get(argv[0])
 
 
 def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
@@ -58,7 +78,7 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def main(argv: list[str] | None = None) -> int:
     _escape_unencodable_output()
     try:  # importing the command modules (torch among them) takes seconds: Ctrl-C here is one line too
-        parser = build_parser()
+        parser = build_parser(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt:
         print("helios: interrupted", file=sys.stderr)
         return 130
