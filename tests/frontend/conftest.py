@@ -130,21 +130,24 @@ class _SharedTokenizers:
 
 
 LARGE_VOCABULARY = 100_000  # the package tokenizers (DeepSeek, Qwen); the small ones tests build are not kept
-_SPELLINGS: dict[int, tuple[Tokenizer, str, int]] = {}
+_SPELLINGS: dict[int, tuple[Tokenizer, str]] = {}
+_BOUNDS: dict[tuple[int, int], tuple[Tokenizer, object]] = {}
 
 
-def _spelling(tokenizer) -> tuple[str, int] | None:
-    """(`to_str()`, the longest token's length) of a large shared tokenizer, once per process (about
-    0.4 s each for a 150k+ vocabulary, which every frontend and grammar compiler built over it took);
-    None for a small one. Keyed by the object, which the entry holds (its id is not reused): large
-    tokenizers here are the session's and `served_tokenizer`'s, which nothing modifies."""
-    if not isinstance(tokenizer, Tokenizer) or tokenizer.get_vocab_size(with_added_tokens=True) < LARGE_VOCABULARY:
+def _large(tokenizer) -> bool:
+    """A large shared tokenizer (the session's and `served_tokenizer`'s, which nothing modifies)."""
+    return isinstance(tokenizer, Tokenizer) and tokenizer.get_vocab_size(with_added_tokens=True) >= LARGE_VOCABULARY
+
+
+def _spelling(tokenizer) -> str | None:
+    """`to_str()` of a large shared tokenizer, once per process (about 0.4 s for a 150k+ vocabulary,
+    which every grammar compiler built over it took); None for a small one. Keyed by the object,
+    which the entry holds (its id is not reused)."""
+    if not _large(tokenizer):
         return None
     if id(tokenizer) not in _SPELLINGS:
-        longest = max((len(token) for token in tokenizer.get_vocab(with_added_tokens=True)), default=1)
-        _SPELLINGS[id(tokenizer)] = (tokenizer, tokenizer.to_str(), longest)
-    _, text, longest = _SPELLINGS[id(tokenizer)]
-    return text, longest
+        _SPELLINGS[id(tokenizer)] = (tokenizer, tokenizer.to_str())
+    return _SPELLINGS[id(tokenizer)][1]
 
 
 class _Spelled:
@@ -161,17 +164,19 @@ class _Spelled:
 
 
 class _SharedBounds:
-    """`helios.frontend.session`'s `TextBounds` while these modules run: the bound of a large
-    tokenizer from `_spelling`, the same value `TextBounds.from_tokenizer` computes."""
+    """`helios.frontend.session`'s `TextBounds` while these modules run: `TextBounds.from_tokenizer`
+    once per process for a large shared tokenizer and context (it scans the whole vocabulary)."""
 
     @staticmethod
     def from_tokenizer(tokenizer, context_tokens: int):
         from helios.frontend.decoding.text_bounds import TextBounds
 
-        spelled = _spelling(tokenizer)
-        if spelled is None:
+        if not _large(tokenizer):
             return TextBounds.from_tokenizer(tokenizer, context_tokens)
-        return TextBounds(context_tokens * max(1, spelled[1]), context_tokens)
+        key = (id(tokenizer), context_tokens)
+        if key not in _BOUNDS:  # the entry holds the tokenizer, so its id is not reused
+            _BOUNDS[key] = (tokenizer, TextBounds.from_tokenizer(tokenizer, context_tokens))
+        return _BOUNDS[key][1]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -182,8 +187,8 @@ def shared_ll_tokenizers():
     (its verdict cache too); the tokenizer it holds is immutable. Likewise once per process: a served
     core's `tokenizers` tokenizer (`ServedModel.from_runtime`) and a checkpoint's (`read_assets`, which
     only encodes with it; a core stores its checkpoint's tokenizer.json as it is), both
-    `served_tokenizer`'s, and a large tokenizer's text (the compilers') and longest token (the text
-    bounds'), both `_spelling`'s."""
+    `served_tokenizer`'s, a large tokenizer's text (the compilers', `_spelling`) and its text bounds
+    at a context (`_SharedBounds`)."""
     import llguidance
 
     from helios.frontend.structured import grammar
@@ -206,8 +211,8 @@ def shared_ll_tokenizers():
     build = grammar.GrammarCompiler.from_tokenizer
 
     def from_tokenizer(tokenizer, **options):
-        spelled = _spelling(tokenizer)
-        return build(tokenizer if spelled is None else _Spelled(tokenizer, spelled[0]), **options)
+        text = _spelling(tokenizer)
+        return build(tokenizer if text is None else _Spelled(tokenizer, text), **options)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(grammar, "llguidance", Shared())
