@@ -55,7 +55,7 @@ from gpu_serving import NAMESPACE, Workload, copy_bandwidth, log, log_memory, pr
 from random_llama import LLAMA_31_8B, SMOKE, with_layers  # noqa: E402
 
 from helios.abi import gemv_tiles  # noqa: E402
-from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION  # noqa: E402
+from helios.runtime.loading.defaults import DEFAULT_MEMORY_FRACTION  # noqa: E402
 from helios.abi.gemv_tiles import SkinnyTile  # noqa: E402
 from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402

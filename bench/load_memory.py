@@ -28,7 +28,7 @@ from helios.core.keys import SigningKey  # noqa: E402
 from helios.core.reader import open_core  # noqa: E402
 from helios.runtime.loading import model as loading_model  # noqa: E402
 from helios.runtime.loading.model import LoadOptions  # noqa: E402
-from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION  # noqa: E402
+from helios.runtime.loading.defaults import DEFAULT_MEMORY_FRACTION  # noqa: E402
 from helios.runtime.service import RuntimeOptions, build_runtime  # noqa: E402
 
 GIB = 2**30

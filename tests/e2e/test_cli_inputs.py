@@ -476,10 +476,10 @@ def test_serve_names_the_core_that_served_model_name_swallowed(files, tmp_path, 
     for core in (files["core"], renamed, "absent.core"):
         code, _, err = run(capsys, "serve", "--served-model-name", "a", core)
         assert code == 2 and "put MODEL.core before the option" in one_line(err)
-    import helios.cli.serve_cmd as serve_cmd
+    import helios.cli.serve_run as serve_run
 
-    monkeypatch.setattr(serve_cmd, "_start", lambda *a: pytest.fail("names that are not cores were refused"))
-    monkeypatch.setattr(serve_cmd, "bind", lambda *a: pytest.fail("names that are not cores were refused"))
+    monkeypatch.setattr(serve_run, "_start", lambda *a: pytest.fail("names that are not cores were refused"))
+    monkeypatch.setattr(serve_run, "bind", lambda *a: pytest.fail("names that are not cores were refused"))
     (tmp_path / "notes").write_text("a file that is not a core")
     os.mkfifo(tmp_path / "fifo-name")  # not opened: that would wait for a writer
     monkeypatch.chdir(tmp_path)

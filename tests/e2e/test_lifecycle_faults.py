@@ -138,7 +138,7 @@ def test_sigint_during_an_in_process_load_exits_130_with_one_line(core, monkeypa
     after printing "interrupted": the KeyboardInterrupt went through torch's native code, which left
     CPython's unhandled-KeyboardInterrupt mark set though the command caught it. Now the load sees
     an exception of the start's own, and the KeyboardInterrupt is raised once it unwound."""
-    from helios.cli import serve_cmd
+    from helios.cli import serve_run
     from helios.cli.main import main
 
     seen = []
@@ -152,7 +152,7 @@ def test_sigint_during_an_in_process_load_exits_130_with_one_line(core, monkeypa
             raise
         raise AssertionError("SIGINT did not stop the load")
 
-    monkeypatch.setattr(serve_cmd, "build_runtime", interrupted_load)
+    monkeypatch.setattr(serve_run, "build_runtime", interrupted_load)
     assert main(core_argv(core, "--port", "0", "--no-engine-process")) == 130
     assert seen and not issubclass(seen[0], KeyboardInterrupt), seen
     assert capsys.readouterr().err.strip() == "helios serve: interrupted"
@@ -174,12 +174,14 @@ def test_an_engine_process_killed_while_loading_is_named_in_the_error(core, tmp_
     """Before: "the engine process ended while starting (exit code -9)"; an OOM kill reads so now. `helios serve`
     runs in this process (its exit status is `main`'s; a serving process of its own would pay the imports of
     torch and helios again), its engine process spawned as ever, with a load that waits (`support.slow_load`)."""
+    from helios.cli import serve_cmd
     from helios.cli.main import main
-    from helios.server import engine_process
+    from helios.server.engine_spawn import spawn_engine_process
     from support.slow_load import slow_engine_main
 
     mark = tmp_path / "loading.pid"
-    monkeypatch.setattr(engine_process, "_engine_main", functools.partial(slow_engine_main, str(mark), 60.0))
+    monkeypatch.setattr(serve_cmd, "spawn_engine_process",
+                        functools.partial(spawn_engine_process, functools.partial(slow_engine_main, str(mark), 60.0)))
     killed = []
 
     def kill_once_loading() -> None:
@@ -209,18 +211,25 @@ def core_argv(core, *options: str) -> list[str]:
 
 @pytest.fixture
 def no_load(monkeypatch):
-    """Fails the test if `helios serve` gets as far as loading the model."""
-    from helios.cli import serve_cmd
+    """Fails the test if `helios serve` gets as far as loading the model, or leaves behind an engine
+    process it started ahead (`helios.server.engine_spawn`) without ordering it to load."""
+    from helios.cli import serve_cmd, serve_run
+    from helios.server.engine_spawn import spawn_engine_process
 
     def load(*args, **kwargs):
         raise AssertionError("the model was loaded before the mistake was reported")
 
-    monkeypatch.setattr(serve_cmd, "start_engine_process", load)
-    monkeypatch.setattr(serve_cmd, "build_runtime", load)
+    spawned = []
+    monkeypatch.setattr(serve_cmd, "spawn_engine_process", lambda: spawned.append(spawn_engine_process()) or spawned[-1])
+    monkeypatch.setattr(serve_run, "start_engine_process", load)
+    monkeypatch.setattr(serve_run, "build_runtime", load)
+    yield spawned
+    assert [spawn.process.exitcode for spawn in spawned] == [-signal.SIGKILL] * len(spawned)
 
 
 def test_a_taken_port_or_an_unknown_host_fails_before_the_model_loads(core, no_load, capsys):
-    """Before: the model loaded first (minutes for a large core), then the bind failed."""
+    """Before: the model loaded first (minutes for a large core), then the bind failed. The engine
+    process started ahead of the bind is stopped (the fixture checks)."""
     from helios.cli.main import main
 
     with socket.create_server(("127.0.0.1", 0)) as taken:
@@ -230,6 +239,7 @@ def test_a_taken_port_or_an_unknown_host_fails_before_the_model_loads(core, no_l
     assert main(core_argv(core, "--host", "no-such-host.invalid", "--port", "0")) == 1
     err = capsys.readouterr().err
     assert "cannot listen on no-such-host.invalid:0" in err and "while attempting" not in err, err
+    assert len(no_load) == 2
 
 
 @pytest.mark.parametrize("option, value, message", [
@@ -253,35 +263,41 @@ def test_infinite_timeouts_and_thread_counts_past_any_use_are_refused(option, va
 def test_drain_seconds_reach_the_server(monkeypatch):
     """`--drain-seconds` (default `DRAIN_SECONDS`) becomes the server's drain; the drain tests here
     and in test_server_faults serve with a short one."""
-    from helios.cli import serve_cmd
+    from helios.cli import serve_run
     from helios.cli.main import main
-    from helios.server.serve import DRAIN_SECONDS
+    from helios.server.defaults import DRAIN_SECONDS
 
     class Runtime:
         def close(self):
             pass
 
     served = []
-    monkeypatch.setattr(serve_cmd, "_start", lambda args, options: (Runtime(), "owner"))
-    monkeypatch.setattr(serve_cmd, "serve", lambda runtime, options, **kwargs: served.append(options) or 0)
-    assert main(["serve", "--port", "0", "--drain-seconds", "0.5"]) == 0
-    assert main(["serve", "--port", "0"]) == 0
+    monkeypatch.setattr(serve_run, "_start", lambda args, options, spawned: (Runtime(), "owner"))
+    monkeypatch.setattr(serve_run, "serve", lambda runtime, options, **kwargs: served.append(options) or 0)
+    assert main(["serve", "--port", "0", "--no-engine-process", "--drain-seconds", "0.5"]) == 0
+    assert main(["serve", "--port", "0", "--no-engine-process"]) == 0
     assert [options.drain_seconds for options in served] == [0.5, DRAIN_SECONDS]
 
 
 def test_startup_options_the_core_refuses_fail_with_their_type_before_the_load(core, monkeypatch, capsys):
     """Before: the engine process loaded the model, then refused the option; its error did not
-    pickle, so it arrived as an ExecutionError (exit 9, "StartupOptionError: ..." in the text)."""
+    pickle, so it arrived as an ExecutionError (exit 9, "StartupOptionError: ..." in the text). The
+    engine process started ahead is never ordered to load, and is stopped."""
+    from helios.cli import serve_cmd
     from helios.cli.main import main
-    from helios.server import engine_process
+    from helios.server.engine_spawn import EngineSpawn, spawn_engine_process
 
-    def spawn(*args):
-        raise AssertionError("an engine process was started before the option was refused")
+    def order(*args):
+        raise AssertionError("the engine process was ordered to load before the option was refused")
 
-    monkeypatch.setattr(engine_process.multiprocessing, "get_context", spawn)
+    spawned = []
+    monkeypatch.setattr(EngineSpawn, "order", order)
+    monkeypatch.setattr(serve_cmd, "spawn_engine_process", lambda: spawned.append(spawn_engine_process()) or spawned[-1])
     assert main(core_argv(core, "--port", "0", "--max-active", "100000")) == 2
     err = capsys.readouterr().err
     assert "helios serve: error: startup.max_concurrency: 100000 is outside the prepared range" in err, err
+    (spawn,) = spawned
+    assert spawn.process.exitcode == -signal.SIGKILL
 
 
 def test_an_engine_process_startup_error_keeps_its_family_and_exit_code():
@@ -517,7 +533,7 @@ def test_a_stop_signal_whose_unwinding_turns_into_another_error_still_stops_the_
     """Before: a SIGTERM while the embedded model was first prepared could end the process with exit
     1 (once in CI): its unwinding turned into another error on the way out (a cleanup failing, native
     code wrapping it), which `main` reported as a failure rather than the stop it is."""
-    from helios.cli import serve_cmd
+    from helios.cli import serve_run
 
     signalled = []
     monkeypatch.setattr(signal, "raise_signal", signalled.append)
@@ -529,9 +545,9 @@ def test_a_stop_signal_whose_unwinding_turns_into_another_error_still_stops_the_
         finally:
             raise OSError("the scratch directory could not be removed")
 
-    monkeypatch.setattr(serve_cmd, "_open", opening)
+    monkeypatch.setattr(serve_run, "_open", opening)
     with pytest.raises(raised):
-        serve_cmd._start(None, None)
+        serve_run._start(None, None, None)
     if signum == signal.SIGTERM:
         assert signalled == [signal.SIGTERM]
         assert "helios serve: stopped by SIGTERM while starting" in capsys.readouterr().err
@@ -542,9 +558,9 @@ def test_a_stop_signal_whose_unwinding_turns_into_another_error_still_stops_the_
 SMALL_SEND_BUFFER_DRIVER = """
 import socket, sys
 
-from helios.cli import serve_cmd
+from helios.cli import serve_run
 
-_bind = serve_cmd.bind
+_bind = serve_run.bind
 
 
 def bind(host, port):
@@ -553,7 +569,7 @@ def bind(host, port):
     return sock
 
 
-serve_cmd.bind = bind
+serve_run.bind = bind
 
 if __name__ == "__main__":
     from helios.cli.main import main

@@ -62,6 +62,20 @@ def test_each_command_is_registered_by_the_module_its_table_names_and_alone_impo
     assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr[-2000:])
 
 
+def test_serve_starts_its_engine_process_before_it_imports_torch_or_the_serving_stack():
+    """`helios serve` imported torch, FastAPI and the runtime (about 5 s of CPU) before it started its
+    engine process, which then spent seconds on the same imports; now the engine process starts once
+    the flags are checked, and the two processes import side by side."""
+    probe = ("import os, sys\nfrom helios.cli import serve_cmd\nfrom helios.cli.main import main\n\n"
+             "def spawn():\n"
+             "    print(sorted(m for m in ('torch', 'fastapi', 'helios.cli.serve_run', 'helios.server.engine_process')"
+             " if m in sys.modules), flush=True)\n"
+             "    os._exit(0)\n\n"
+             "serve_cmd.spawn_engine_process = spawn\nmain(['serve', '--port', '0'])\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr[-2000:])
+
+
 def test_generate_on_the_embedded_model_needs_only_the_prompt(tmp_path, tmp_path_factory, monkeypatch, capsys):
     # the embedded model's cache as its first use left it (support.embedded_cache: prepared once a run; test_app_embedded
     # checks the preparation into the cache)

@@ -1,10 +1,12 @@
 """An engine process (`helios.server.engine_process`) whose model load waits: for tests that run `helios serve`
 in their own process and signal or kill its engine process while it loads.
 
-    monkeypatch.setattr(engine_process, "_engine_main", functools.partial(slow_engine_main, str(mark), 60.0))
+    monkeypatch.setattr(serve_cmd, "spawn_engine_process",
+                        functools.partial(spawn_engine_process, functools.partial(slow_engine_main, str(mark), 60.0)))
 
-The spawned engine process runs `slow_engine_main` (pickled by reference), which wraps the runtime's
-`build_runtime` there: it writes the engine process's id to `mark`, then waits `delay_s` before loading.
+The engine process `helios serve` starts ahead (`helios.server.engine_spawn`) then runs
+`slow_engine_main` for its order (pickled by reference), which wraps the runtime's `build_runtime`
+there: it writes the engine process's id to `mark`, then waits `delay_s` before loading.
 """
 
 from __future__ import annotations

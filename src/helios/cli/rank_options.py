@@ -14,8 +14,7 @@ import argparse
 import math
 
 from helios.errors import UsageError
-from helios.runtime.parallel.rank_peers import PeerKind, RankOptions
-from helios.runtime.parallel.rank_rendezvous import AddressError, serve_address
+from helios.runtime.parallel.rank_options import PeerKind, RankOptions
 
 MAX_COUNT = 2**31 - 1  # --local-ranks: past any host's ranks
 MAX_SECONDS = 365 * 24 * 3600  # timeouts: a year is "never"; a timedelta of 1e30 seconds overflows
@@ -45,6 +44,8 @@ def rank_options_from_args(args: argparse.Namespace) -> RankOptions:
             raise UsageError(f"{name} must be a positive number of seconds")
         if value > MAX_SECONDS:  # a timedelta of 1e30 seconds overflows
             raise UsageError(f"{name} must be at most {MAX_SECONDS} seconds (a year)")
+    from helios.runtime.parallel.rank_rendezvous import AddressError, serve_address  # torch: at run time only
+
     try:
         serve_address(args.rendezvous)
     except AddressError as error:

@@ -24,15 +24,15 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from helios.contract import StartupOptions
 from helios.errors import UsageError
-from helios.runtime.loading.image_features import DEFAULT_CACHE_BYTES, DEFAULT_CACHED_IMAGES
-from helios.runtime.loading.model import LoadOptions
-from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION
+from helios.runtime.loading.defaults import DEFAULT_CACHE_BYTES, DEFAULT_CACHED_IMAGES, DEFAULT_MEMORY_FRACTION
 from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
+
+if TYPE_CHECKING:
+    from helios.runtime.loading.model import LoadOptions
 
 MAX_COUNT = 2**31 - 1  # past any page, slot or worker count a machine holds; larger fails in torch, not here
 _PREEMPTION = {"recompute": PreemptionMode.RECOMPUTE, "offload": PreemptionMode.OFFLOAD}
@@ -89,6 +89,8 @@ def _stderr(line: str) -> None:
 
 
 def _check_device_name(device: str) -> None:
+    import torch  # here, not above: `helios serve` registers these flags before it imports torch
+
     try:
         kind = torch.device(device).type
     except (RuntimeError, TypeError, ValueError):
@@ -121,6 +123,8 @@ def runtime_flags(args: argparse.Namespace, startup: StartupOptions, device: str
             raise UsageError(f"--{name.replace('_', '-')} must be at most {MAX_COUNT}")
     if args.preemption == "offload" and args.host_pages == 0:
         raise UsageError("--preemption offload needs --host-pages N (host slots to offload into)")
+    from helios.runtime.loading.model import LoadOptions  # torch: at run time only
+
     startup = replace(startup, snapshot_capacity=args.snapshot_capacity, speculative_width=args.speculative_width,
                       history_drafting=args.history_drafting, token_logprobs=args.token_logprobs)
     load = LoadOptions(startup, device=device, num_pages=args.pages, memory_fraction=args.memory_fraction,

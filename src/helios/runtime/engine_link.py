@@ -59,7 +59,7 @@ from typing import Callable, NamedTuple
 
 from helios.runtime.engine import Engine, EngineRequest
 from helios.runtime.feedback import GrammarState
-from helios.runtime.stall_watch import StallWatch
+from helios.runtime.stall_watch import DEFAULT_LIVENESS_TIMEOUT_S, StallWatch
 from helios.runtime.outlet import Cancel, EventSink, StepBatch, StopMatched
 from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
 from helios.runtime.records.request import RequestSpec
@@ -70,7 +70,6 @@ STATS_INTERVAL_S = 0.05  # an idle engine process sends changed gauges at most t
 DIED = "the model worker died"
 DIRECT_EVENTS = 64  # a batch of at most this many events may be written by the thread that sent it
 HEARTBEAT_INTERVAL_S = 1.0  # how often the engine process's command loop says it is alive
-DEFAULT_LIVENESS_TIMEOUT_S = 60.0  # no beat for this long: unresponsive (far past a long prefill or compile)
 UNRESPONSIVE_GRACE_S = 2.0  # shutdown's wait for an engine process already unresponsive, before the kill
 
 

@@ -11,6 +11,11 @@ count moved, or that shows nothing pending, clears it (an idle engine is never s
 
 from __future__ import annotations
 
+# No heartbeat for this long: unresponsive; requests pending and no round completed for this long:
+# stalled (far past a long prefill or compile). Here, in a module that imports no torch, for the
+# command line's help.
+DEFAULT_LIVENESS_TIMEOUT_S = 60.0
+
 
 class StallWatch:
     """Samples of one worker's progress; `reason` says why it is stalled, or None. One writer; a

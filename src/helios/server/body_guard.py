@@ -32,11 +32,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from helios.errors import RequestError
 from helios.frontend.preparation.strict_json import NotStrictJSON, strict_loads
+from helios.server.defaults import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_NBYTES
 from helios.server.echo import clipped
 from helios.server.responses import error_response
 
-DEFAULT_MAX_BODY_NBYTES = 4 * 1024 * 1024
-DEFAULT_BODY_TIMEOUT_S = 60.0
 BODY_TIMEOUT_KEY = "helios.body_timeout_s"  # scope key: the server's body timeout for this request
 MAX_JSON_DEPTH = 64
 BOM = b"\xef\xbb\xbf"

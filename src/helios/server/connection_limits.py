@@ -45,11 +45,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from helios.errors import HeliosError, OverloadedError, RequestError
 from helios.frontend.responses.presentation import error_body
-from helios.server.body_guard import BODY_TIMEOUT_KEY, DEFAULT_BODY_TIMEOUT_S, RequestTimeout
+from helios.server.body_guard import BODY_TIMEOUT_KEY, RequestTimeout
+from helios.server.defaults import (
+    DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEAD_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEAD_NBYTES,
+)
 
-DEFAULT_MAX_HEAD_NBYTES = 64 * 1024
-DEFAULT_HEAD_TIMEOUT_S = 30.0
-DEFAULT_MAX_CONNECTIONS = 4096
 BODY_GRACE_S = 2.0  # after the body deadline: time for BodyGuard's 408 to go out first
 REFUSAL_LOG_INTERVAL_S = 10.0
 REFUSAL_LINGER_S = 1.0  # a refused connection stays open this long at most, for its client to read the 503

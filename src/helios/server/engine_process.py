@@ -2,18 +2,19 @@
 it a thread of the serving process).
 
 The serving process opens and verifies the core (so trust and usage errors are its own, as
-before), then starts the engine process (`multiprocessing`, spawn) with where the core is and how
-to load it. The engine process opens the core again, loads it, starts the engine and serves it over
+before), then orders the engine process (started ahead by `helios.server.engine_spawn`, so its
+imports ran beside the serving process's, or started here: `multiprocessing`, spawn) to load it,
+with where the core is and how to load it. The engine process opens the core again, loads it, starts the engine and serves it over
 `helios.runtime.engine_link` (grammar matchers compiled again there from their source, against the
 same tokenizer); its first message is its readiness (the tokenizer and chat template it loaded, and
 its first stats) or its startup error, re-raised here with its type and exit code. The serving
 process never loads weights or touches the device.
 
 The engine process ignores SIGINT and SIGTERM, and SIGUSR1 prints its threads' stacks (as in the
-serving process, `helios.cli.stack_dumps`) rather than ending it: the serving process decides when
-it stops (`Shutdown` over the pipe, after the HTTP drain; a kill when interrupted while it loads)
-and it stops by itself when the serving process is gone, also while it loads (no pipe is read
-then: a thread watches its parent). `EngineProcessRuntime` stands where `helios.runtime.service.Runtime`
+serving process, `helios.cli.stack_dumps`) rather than ending it (`helios.server.engine_spawn`):
+the serving process decides when it stops (`Shutdown` over the pipe, after the HTTP drain; a kill
+when interrupted while it loads) and it stops by itself when the serving process is gone, also
+while it loads (no pipe is read then: a thread watches its parent). `EngineProcessRuntime` stands where `helios.runtime.service.Runtime`
 does for `ServedModel`: `model` (what the frontend reads), `engine` (the link) and `close`, and
 `connection`, the pipe end the link writes, whose backlog `helios.server.engine_commands` reads.
 The engine process's command loop sends a heartbeat every second; one that sends none for the
@@ -25,11 +26,7 @@ killed.
 
 from __future__ import annotations
 
-import faulthandler
-import multiprocessing
-import os
 import pickle
-import signal
 import sys
 import threading
 import traceback
@@ -43,10 +40,10 @@ from helios.runtime.engine_link import (
 )
 from helios.runtime.service import RuntimeOptions
 from helios.runtime.host_heap import hold_freed_memory
+from helios.server.engine_spawn import EngineOrder, EngineSpawn, spawn_engine_process
 from helios.server.heap import freeze_startup_heap
 
 STARTUP_TIMEOUT_S = 3600.0  # a large core on a cold disk loads for minutes
-ORPHAN_POLL_S = 0.2  # how often a loading engine process checks that its serving process lives
 
 
 @dataclass(frozen=True)
@@ -95,20 +92,29 @@ class EngineProcessRuntime:
 def start_engine_process(source: CoreSource, prepared: PreparedContract, options: RuntimeOptions,
                          torch_threads: int | None = None,
                          timeout_s: float = STARTUP_TIMEOUT_S,
-                         liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S) -> EngineProcessRuntime:
-    """Starts the engine process and waits until it serves; raises its startup error.
+                         liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
+                         spawned: EngineSpawn | None = None) -> EngineProcessRuntime:
+    """Orders the engine process to load (`spawned`, started ahead; None: one started here) and
+    waits until it serves; raises its startup error, and stops the process on any failure.
     `liveness_timeout_s`: seconds without its heartbeat after which the link reports it
     unresponsive (`EngineLink.unresponsive_reason`, `/health` 503), and without a completed round
     while requests are pending after which it reports it stalled (`EngineLink.stalled_reason`)."""
-    settings = resolve_settings(prepared, options.load.startup)  # options the core refuses fail before a load
-    context = multiprocessing.get_context("spawn")
-    connection, child = context.Pipe()
-    process = context.Process(target=_engine_main, args=(child, source, options, torch_threads, os.getpid()),
-                              name="helios-engine", daemon=False)
-    process.start()
-    child.close()
     try:
-        message = wait_ready(connection, timeout_s, process.is_alive)
+        settings = resolve_settings(prepared, options.load.startup)  # options the core refuses fail before a load
+    except BaseException:
+        if spawned is not None:
+            spawned.discard()
+        raise
+    if spawned is None:
+        spawned = spawn_engine_process(_engine_main)  # looked up now: tests replace it
+    process, connection = spawned.process, spawned.connection
+    try:
+        try:
+            spawned.order(EngineOrder(source, options, torch_threads))
+        except OSError:  # it ended before its order: how is said below
+            message = None
+        else:
+            message = wait_ready(connection, timeout_s, process.is_alive)
     except BaseException:  # interrupted while it loads: nothing to drain, so it is killed
         _stop_unready(process, connection)
         raise
@@ -130,14 +136,10 @@ def _stop_unready(process, connection) -> None:
 
 
 def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_threads: int | None,
-                 parent_pid: int) -> None:
-    """The engine process; `parent_pid`: the serving process's (it may be gone before this runs)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if hasattr(signal, "SIGUSR1"):  # dumps this process's stacks too, as `helios serve`'s own do
-        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True, chain=False)
+                 loaded: threading.Event) -> None:
+    """The engine process's load and service, once ordered (`helios.server.engine_spawn` runs it);
+    `loaded`, set once the ready record is sent, ends the watch for an orphaned load."""
     hold_freed_memory()
-    loaded = _exit_when_orphaned(parent_pid)
     try:
         runtime, compiler = _load(source, options, torch_threads)
     except BaseException as error:  # noqa: BLE001 - reported to the serving process
@@ -156,23 +158,6 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
         serve_link(connection, runtime.engine, lambda text: TensorGrammar(compiler.compile_source(text)))
     finally:
         runtime.close()
-
-
-def _exit_when_orphaned(parent_pid: int) -> threading.Event:
-    """Until the returned event is set (the ready record sent), ends this process when the serving
-    process is gone: a load reads no pipe, and may take minutes the orphan would spend for nobody.
-    Once serving, the end of the pipe stops it (`serve_link`)."""
-    loaded = threading.Event()
-
-    def watch() -> None:
-        while not loaded.wait(ORPHAN_POLL_S):
-            if os.getppid() != parent_pid:
-                print("helios serve: the serving process is gone; the engine process stops loading",
-                      file=sys.stderr, flush=True)
-                os._exit(1)
-
-    threading.Thread(target=watch, name="helios-engine-orphan-watch", daemon=True).start()
-    return loaded
 
 
 def _send_quietly(connection, message) -> bool:

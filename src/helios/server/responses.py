@@ -49,12 +49,12 @@ from helios.frontend.responses.presentation import StreamPresenter, error_body, 
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, ResponseBridge
 from helios.server.chunk_writer import chunk_writer
+from helios.server.defaults import DEFAULT_SEND_TIMEOUT_S
 from helios.server.echo import clipped_runs
 from helios.server.step_writes import DirectWrites, Handoff, present  # noqa: F401 (Handoff: re-exported)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 TRANSPORT_SEND = "helios.transport_send"  # scope key: the server's send, below the app's middlewares
-DEFAULT_SEND_TIMEOUT_S = 60.0
 logger = logging.getLogger("uvicorn.error")  # uvicorn configures and formats this one
 
 

@@ -41,19 +41,18 @@ import uvicorn
 
 from helios.errors import ExecutionError, HeliosError
 from helios.frontend.images.decode import ImageLimits
-from helios.runtime.engine_link import DEFAULT_LIVENESS_TIMEOUT_S
+from helios.runtime.stall_watch import DEFAULT_LIVENESS_TIMEOUT_S
 from helios.runtime.service import Runtime
 from helios.server.engine_process import EngineProcessRuntime
 from helios.runtime.host_heap import hold_freed_memory
 from helios.server.heap import freeze_startup_heap
 from helios.server.access import access_logger
 from helios.server.app import create_app
-from helios.server.body_guard import DEFAULT_MAX_BODY_NBYTES
+from helios.server.defaults import DEFAULT_MAX_BODY_NBYTES, DEFAULT_SEND_TIMEOUT_S, DRAIN_SECONDS
 from helios.server.connection_limits import ConnectionLimits, fit_to_fd_limit, protocol_factory
-from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, with_transport_send
+from helios.server.responses import with_transport_send
 from helios.server.service import ServedModel
 
-DRAIN_SECONDS = 5
 BACKLOG = 2048  # connections the kernel holds for the accept loop
 DROP_GRACE_SECONDS = 1  # after the drain deadline: time for the error events to reach their clients
 BACKSTOP_SECONDS = 2  # after the drop: uvicorn cancels the tasks still running (none should be)

@@ -56,7 +56,7 @@ from helios.frontend.output_workers import OutputWorkers
 from helios.frontend.images.decode import ImageLimits
 from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import Engine, EngineRequest
-from helios.runtime.engine_link import DEFAULT_LIVENESS_TIMEOUT_S
+from helios.runtime.stall_watch import DEFAULT_LIVENESS_TIMEOUT_S
 from helios.runtime.feedback import TensorGrammar
 from helios.runtime.service import Runtime
 from helios.runtime.stall_watch import StallWatch
@@ -71,7 +71,8 @@ from helios.server.fanout import (
 )
 from helios.server.request_metrics import LatencyHistograms, RequestRecord, event_stamps
 from helios.server.preparation import DEFAULT_PREPARATION_TIMEOUT_S, PreparationGate, PreparationPool
-from helios.server.responses import DEFAULT_SEND_TIMEOUT_S, Lease, json_response, stream_response
+from helios.server.defaults import DEFAULT_SEND_TIMEOUT_S
+from helios.server.responses import Lease, json_response, stream_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, validate_chat, validate_common
 
 

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-FEATURE_BUFFER_INPUT = "image_features"  # the prompt programs' feature buffer (multimodal_spec)
+from helios.runtime.loading.defaults import DEFAULT_CACHE_BYTES, DEFAULT_CACHED_IMAGES
 
-DEFAULT_CACHED_IMAGES = 16
-DEFAULT_CACHE_BYTES = 1 << 30  # the default count is cut so the slab stays within this
+FEATURE_BUFFER_INPUT = "image_features"  # the prompt programs' feature buffer (multimodal_spec)
 
 
 def default_num_images(rows_per_image: int, width: int, element_bytes: int) -> int:

@@ -55,7 +55,8 @@ import torch
 from helios.abi.registry import registered_schemas
 from helios.contract import PreparedContract, StartupOptions, resolve_settings
 from helios.runtime.loading.constants import write_constants
-from helios.runtime.loading.page_sizing import DEFAULT_MEMORY_FRACTION, default_pages, other_bytes, page_bytes
+from helios.runtime.loading.defaults import DEFAULT_MEMORY_FRACTION
+from helios.runtime.loading.page_sizing import default_pages, other_bytes, page_bytes
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.servable import check_servable

@@ -25,7 +25,6 @@ from helios.runtime.loading.memory_budget import available_nbytes
 
 _LOG = logging.getLogger(__name__)
 
-DEFAULT_MEMORY_FRACTION = 0.85
 # Host bookkeeping (free lists, page tables) grows with the page count: a small model on a large
 # device stops here (an 8B model's pages run out of memory long before).
 MAX_DEFAULT_PAGES = 1 << 18

@@ -34,7 +34,6 @@ turns false). `close` stops the peers after the engine has stopped.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import shutil
 import subprocess
@@ -73,35 +72,12 @@ from helios.runtime.parallel.rank_rendezvous import (
     Sizing,
     serve_address,
 )
+from helios.runtime.parallel.rank_options import PeerKind, RankOptions
 from helios.runtime.parallel.ranks import RankedExecutor, serve_rank
 from helios.runtime.records.stats import WorkerStats
 
 __all__ = ["PeerKind", "PendingRanks", "RankOptions", "RankPeers", "UnsupportedRanksError", "bind_rank",
            "capture_rank", "join_rank", "launch_peers", "start_ranks"]
-
-
-class PeerKind(enum.Enum):
-    PROCESSES = "processes"
-    THREADS = "threads"
-
-
-@dataclass(frozen=True)
-class RankOptions:
-    """How rank zero runs a core prepared for N > 1 ranks."""
-
-    local_ranks: int | None = None  # ranks on this host, rank zero included; None: all N
-    peers: PeerKind = PeerKind.PROCESSES
-    rendezvous: str = "127.0.0.1:0"  # HOST:PORT rank zero serves; port 0 picks a free one
-    join_timeout_s: float = 300.0  # for every rank to load and join
-    collective_timeout_s: float = 60.0  # bounds every collective; a silent rank fails the model after it
-    # Intra-op threads of each local rank process. None: on the CPU every local rank, rank zero
-    # included, takes an equal share of rank zero's threads; on CUDA rank zero's count.
-    torch_threads: int | None = None
-    aes_key_file: str | None = None  # for local rank processes of a sealed (version 4) core
-    # CUDA: small all-reduces through a one-shot symmetric-memory kernel when every rank can
-    # (`helios.abi.symmetric_reduce`); off by default until measured on the device, and because a
-    # rank lost inside one leaves its peers' kernels waiting (NCCL's abort does not end them).
-    symmetric_all_reduce: bool = False
 
 
 class RankPeers:

@@ -1,0 +1,137 @@
+"""The start of `helios serve` once its flags are checked (`helios.cli.serve_cmd`, which may have
+started the engine process already): the runtime's options, the verified core, the bound socket,
+the loaded model (in the engine process, or in this one) and the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+
+import torch
+
+from helios.cli.core_options import TRUST_ENV, aes_key_from_args, open_core_from_args
+from helios.cli.rank_options import rank_options_from_args
+from helios.cli.runtime_flags import runtime_flags
+from helios.contract import StartupOptions
+from helios.core.reader import Core, open_core
+from helios.errors import UsageError
+from helios.frontend.images.decode import ImageLimits
+from helios.runtime.service import RuntimeOptions, build_runtime
+from helios.server.connection_limits import ConnectionLimits
+from helios.server.engine_process import CoreSource, start_engine_process
+from helios.server.engine_spawn import EngineSpawn
+from helios.server.serve import ServeOptions, bind, serve
+
+
+def run(args: argparse.Namespace, names: tuple[str, ...], spawned: EngineSpawn | None) -> int:
+    """`helios serve` once its flags are checked (`helios.cli.serve_cmd.run`); `names`: the served
+    model names; `spawned`: the engine process started ahead (None: the model in this process)."""
+    ranks = rank_options_from_args(args)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    startup = StartupOptions(max_concurrency=args.max_active, context_tokens=args.context_tokens)
+    load, policy, host_pages = runtime_flags(args, startup, args.device)
+    runtime_options = RuntimeOptions(load, args.queue_capacity, policy, host_pages, ranks=ranks)
+    with contextlib.closing(bind(args.host, args.port)) as sock:  # a taken port fails before the load
+        runtime, owned_by = _start(args, runtime_options, spawned)
+        options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
+                               drain_seconds=args.drain_seconds,
+                               log_level=args.log_level, access_log=args.access_log,
+                               max_body_nbytes=args.max_body_bytes, send_timeout_s=args.send_timeout,
+                               api_key=args.api_key, served_names=names, stream_interval=args.stream_interval,
+                               image_limits=ImageLimits(args.max_images, args.max_image_bytes,
+                                                        args.max_image_pixels, args.allow_remote_images,
+                                                        allow_internal_hosts=args.allow_internal_image_hosts),
+                               connection_limits=ConnectionLimits(args.max_header_bytes, args.header_timeout,
+                                                                  args.body_timeout, args.max_connections),
+                               liveness_timeout_s=args.liveness_timeout)
+        try:
+            return serve(runtime, options, owned_by=owned_by, sock=sock)
+        finally:
+            runtime.close()  # idempotent; stops the ranks also when the server never started
+
+
+
+
+def _open(args: argparse.Namespace) -> tuple[Core, CoreSource]:
+    """The verified core, and how an engine process opens it again."""
+    if args.core:
+        if not args.accept:
+            raise UsageError("--accept NAMESPACE is required to serve a core file")
+        core = open_core_from_args(args, args.core)
+        keys = args.trust or [p for p in os.environ.get(TRUST_ENV, "").split(os.pathsep) if p]
+        return core, CoreSource(str(args.core), args.accept, tuple(keys), aes_key_from_args(args))
+    from helios.embedded.prepared import embedded_core
+
+    embedded = embedded_core()
+    accept = args.accept or embedded.namespace
+    core = open_core(embedded.path, accept=accept, trusted_keys=[embedded.public_key], aes_key=aes_key_from_args(args))
+    return core, CoreSource(str(embedded.path), accept, (str(embedded.public_key),), aes_key_from_args(args))
+
+
+class _StopSignal(BaseException):
+    """SIGTERM, SIGHUP or SIGINT while the server starts (see `_stop_signals_unwind`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_signals_unwind():
+    """SIGTERM, SIGHUP and SIGINT (unless ignored) raise `_StopSignal` inside, so a start they
+    interrupt unwinds: an engine process still loading (it ignores them) is stopped, not left
+    behind. Once serving, uvicorn's handlers take over (`helios.server.serve`).
+
+    SIGINT too, rather than Python's `KeyboardInterrupt`: a KeyboardInterrupt raised at some points
+    of an in-process load (native code running Python below it) left CPython's "unhandled
+    KeyboardInterrupt" mark set even once `main` caught it, and the interpreter then ended itself by
+    SIGINT at exit (status -2, not 130; seen with strace as its own kill). The start raises
+    KeyboardInterrupt itself once unwound. Yields the signals received: the unwinding can turn into
+    another error on its way out (a cleanup that fails, native code that wraps it), which is the
+    stop all the same."""
+    received: list[int] = []
+
+    def stop(signum, frame):
+        received.append(signum)
+        raise _StopSignal(signum)
+
+    caught = [signum for signum in (signal.SIGTERM, signal.SIGHUP)
+              if signal.getsignal(signum) is not signal.SIG_IGN]  # as under nohup: stays ignored
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # ignored (a background job): stays so
+        caught.append(signal.SIGINT)
+    previous = {signum: signal.signal(signum, stop) for signum in caught}
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _start(args: argparse.Namespace, runtime_options: RuntimeOptions, spawned: EngineSpawn | None):
+    """The loaded runtime (in an engine process by default) and the core's publisher namespace. A
+    SIGTERM or SIGHUP meanwhile stops the start (see `_stop_signals_unwind`) and then the process,
+    by that signal; a SIGINT stops it with `KeyboardInterrupt` (exit 130, in either mode)."""
+    received: list[int] = []
+    try:
+        with _stop_signals_unwind() as received:
+            core, source = _open(args)
+            if spawned is not None:
+                runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads,
+                                               liveness_timeout_s=args.liveness_timeout, spawned=spawned)
+            else:
+                runtime = build_runtime(core, runtime_options)
+            return runtime, core.publisher.namespace
+    except BaseException as error:
+        signum = error.signum if isinstance(error, _StopSignal) else received[0] if received else None
+        if signum is None:
+            raise
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt from None  # here, no native code below: `main` exits 130 with one line
+        print(f"helios serve: stopped by {signal.Signals(signum).name} while starting", file=sys.stderr, flush=True)
+        signal.raise_signal(signum)  # its own handler again: the exit a running server's signal gives
+        raise
