@@ -209,18 +209,31 @@ def core_argv(core, *options: str) -> list[str]:
     return ["serve", str(core.path), "--accept", core.namespace, "--trust", str(core.public_key), *options]
 
 
+def record_spawns(monkeypatch) -> list:
+    """The engine processes `helios serve` starts ahead of their load orders (`helios.server.engine_spawn`)."""
+    from helios.cli import serve_cmd
+    from helios.server.engine_spawn import spawn_engine_process
+
+    spawned = []
+
+    def spawn(**kwargs):
+        spawned.append(spawn_engine_process(**kwargs))
+        return spawned[-1]
+
+    monkeypatch.setattr(serve_cmd, "spawn_engine_process", spawn)
+    return spawned
+
+
 @pytest.fixture
 def no_load(monkeypatch):
     """Fails the test if `helios serve` gets as far as loading the model, or leaves behind an engine
     process it started ahead (`helios.server.engine_spawn`) without ordering it to load."""
-    from helios.cli import serve_cmd, serve_run
-    from helios.server.engine_spawn import spawn_engine_process
+    from helios.cli import serve_run
 
     def load(*args, **kwargs):
         raise AssertionError("the model was loaded before the mistake was reported")
 
-    spawned = []
-    monkeypatch.setattr(serve_cmd, "spawn_engine_process", lambda: spawned.append(spawn_engine_process()) or spawned[-1])
+    spawned = record_spawns(monkeypatch)
     monkeypatch.setattr(serve_run, "start_engine_process", load)
     monkeypatch.setattr(serve_run, "build_runtime", load)
     yield spawned
@@ -283,16 +296,14 @@ def test_startup_options_the_core_refuses_fail_with_their_type_before_the_load(c
     """Before: the engine process loaded the model, then refused the option; its error did not
     pickle, so it arrived as an ExecutionError (exit 9, "StartupOptionError: ..." in the text). The
     engine process started ahead is never ordered to load, and is stopped."""
-    from helios.cli import serve_cmd
     from helios.cli.main import main
-    from helios.server.engine_spawn import EngineSpawn, spawn_engine_process
+    from helios.server.engine_spawn import EngineSpawn
 
     def order(*args):
         raise AssertionError("the engine process was ordered to load before the option was refused")
 
-    spawned = []
     monkeypatch.setattr(EngineSpawn, "order", order)
-    monkeypatch.setattr(serve_cmd, "spawn_engine_process", lambda: spawned.append(spawn_engine_process()) or spawned[-1])
+    spawned = record_spawns(monkeypatch)
     assert main(core_argv(core, "--port", "0", "--max-active", "100000")) == 2
     err = capsys.readouterr().err
     assert "helios serve: error: startup.max_concurrency: 100000 is outside the prepared range" in err, err

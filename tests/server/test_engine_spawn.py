@@ -1,26 +1,35 @@
 """`helios serve`'s engine process started ahead of its load order (`helios.server.engine_spawn`):
-it runs its order, stops at the end of the pipe or when discarded, and a discard after the order
-leaves it to its owner. The processes here run `support.spawn_probe` for a main, so none imports
-torch; `helios serve`'s own use is tests/e2e/test_lifecycle_faults.py's."""
+it runs its order after the imports of a load on its device, stops at the end of the pipe or when
+discarded, and a discard after the order leaves it to its owner. The processes run
+`support.spawn_probe` for a main, not a load; `helios serve`'s own use is
+tests/e2e/test_lifecycle_faults.py's."""
 
 from __future__ import annotations
 
 import signal
 
+from helios.server.engine_process import CPU_LOAD_IMPORTS, LOAD_IMPORTS, ahead_imports
 from helios.server.engine_spawn import EngineOrder, spawn_engine_process
-from support.spawn_probe import report_order
+from support.spawn_probe import AHEAD, report_order
 
 JOIN_S = 60  # a spawned Python's start on a crowded machine
 
 
-def test_an_ordered_process_runs_its_order_with_the_orphan_watch_still_on():
-    spawned = spawn_engine_process(report_order)
+def test_an_ordered_process_runs_its_order_after_a_cpu_loads_imports_with_the_orphan_watch_on():
+    spawned = spawn_engine_process(report_order, device="cpu")
     spawned.order(EngineOrder("model.core", {"queue_capacity": 4}, 3))
     assert spawned.connection.poll(JOIN_S)
-    assert spawned.connection.recv() == ("model.core", {"queue_capacity": 4}, 3, False, False)
+    assert spawned.connection.recv() == ("model.core", {"queue_capacity": 4}, 3, False, list(AHEAD))
     spawned.discard()  # ordered: the process is the owner's, and ends by itself here
     spawned.process.join(JOIN_S)
     assert spawned.process.exitcode == 0
+
+
+def test_only_a_cpu_load_imports_torchs_deserializer_ahead():
+    """It pulls in torch._dynamo, which a CUDA load never imports."""
+    assert ahead_imports("cpu") == ahead_imports(" cpu:0") == LOAD_IMPORTS + CPU_LOAD_IMPORTS
+    assert ahead_imports("cuda") == ahead_imports("cuda:1") == LOAD_IMPORTS
+    assert "torch._export.serde.serialize" in CPU_LOAD_IMPORTS
 
 
 def test_a_discarded_process_is_killed_and_a_closed_pipe_ends_one_quietly():
@@ -32,3 +41,11 @@ def test_a_discarded_process_is_killed_and_a_closed_pipe_ends_one_quietly():
     abandoned.connection.close()  # a serving process that stopped without an order or a kill
     abandoned.process.join(JOIN_S)
     assert abandoned.process.exitcode == 0
+
+
+def test_a_process_spawned_without_a_device_imports_nothing_ahead():
+    spawned = spawn_engine_process(report_order)
+    spawned.order(EngineOrder("model.core", None))
+    assert spawned.connection.poll(JOIN_S)
+    assert spawned.connection.recv() == ("model.core", None, None, False, [])
+    spawned.process.join(JOIN_S)

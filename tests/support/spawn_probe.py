@@ -1,12 +1,14 @@
 """An engine main for `helios.server.engine_spawn`'s tests: it reports what it was ordered instead of
-loading a model, so a spawned process needs none of the runtime's imports."""
+loading a model."""
 
 from __future__ import annotations
 
 import sys
 
+AHEAD = ("torch", "torch._export.serde.serialize", "helios.frontend.structured.grammar")
+
 
 def report_order(connection, source, options, torch_threads, serving) -> None:
-    """Sends back the order's fields, whether the orphan watch's event is still clear and whether
-    the runtime was imported, then ends."""
-    connection.send((source, options, torch_threads, serving.is_set(), "torch" in sys.modules))
+    """Sends back the order's fields, whether the orphan watch's event is set, and which of `AHEAD`
+    the process imported before its order (this main imports nothing), then ends."""
+    connection.send((source, options, torch_threads, serving.is_set(), [m for m in AHEAD if m in sys.modules]))

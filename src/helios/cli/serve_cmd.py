@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--port must be in [0, 65535]")
     if args.allow_internal_image_hosts and not args.allow_remote_images:
         raise UsageError("--allow-internal-image-hosts is only meaningful with --allow-remote-images")
-    spawned = spawn_engine_process() if args.engine_process else None  # its imports run beside ours
+    spawned = spawn_engine_process(device=args.device) if args.engine_process else None  # its imports run beside ours
     try:
         from helios.cli import serve_run  # torch, the runtime and the HTTP stack
 

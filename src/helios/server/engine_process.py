@@ -44,6 +44,13 @@ from helios.server.engine_spawn import EngineOrder, EngineSpawn, spawn_engine_pr
 from helios.server.heap import freeze_startup_heap
 
 STARTUP_TIMEOUT_S = 3600.0  # a large core on a cold disk loads for minutes
+# What a load imports after its order beyond this module's imports, made while the engine process waits
+# for it (`helios.server.engine_spawn`, `ahead_imports`): the grammar compiler and the core reader; on
+# the CPU torch's program deserializer and export tracing (the CPU programs are built through them) and
+# what the C++ kernels' build reads: about 3 s of a CPU load's imports on a 2-core machine.
+LOAD_IMPORTS = ("helios.core.reader", "helios.frontend.structured.grammar", "tokenizers")
+CPU_LOAD_IMPORTS = ("torch._export.serde.serialize", "torch.export._trace", "torch.utils.cpp_extension",
+                    "torch._inductor.sizevars", "sympy.tensor.tensor")
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,13 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
     view = FrontendView(prepared, settings, message.tokenizer_json, message.chat_template)
     return EngineProcessRuntime(view, EngineLink(connection, process, stats_of(message.stats), liveness_timeout_s),
                                 connection)
+
+
+def ahead_imports(device: str) -> tuple[str, ...]:
+    """The modules a load on `device` (as the command line names it) imports once ordered. Off the
+    CPU not torch's deserializer: it pulls in torch._dynamo, which a CUDA load never imports
+    (`helios.runtime.loading.graph_image`)."""
+    return LOAD_IMPORTS + (CPU_LOAD_IMPORTS if device.partition(":")[0].strip() == "cpu" else ())
 
 
 def _stop_unready(process, connection) -> None:

@@ -4,7 +4,9 @@ neither torch nor the serving stack.
 A spawned Python spends seconds importing torch and the runtime before it can open a core, and the
 serving process spends as long importing its own (torch, FastAPI, the frontend). So `helios serve`
 starts the engine process first (`spawn_engine_process`), right after its flags are checked: the
-process's imports run beside the serving process's. It then waits for its order (the core's source,
+process's imports run beside the serving process's, those its load would make after the order too
+(`helios.server.engine_process.ahead_imports`: on the CPU, torch's program deserializer among
+them). It then waits for its order (the core's source,
 the runtime options, its torch threads), which `helios.server.engine_process.start_engine_process`
 sends once the serving process has verified the core and bound its socket, and loads. A start that
 fails before the order (a refused option, a taken port, a signal) stops it with `discard`; a
@@ -18,6 +20,7 @@ does this in the serving process).
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import multiprocessing
 import os
 import signal
@@ -63,21 +66,22 @@ class EngineSpawn:
         self.connection.close()
 
 
-def spawn_engine_process(main: Callable | None = None) -> EngineSpawn:
+def spawn_engine_process(main: Callable | None = None, device: str | None = None) -> EngineSpawn:
     """Starts an engine process (`multiprocessing`, spawn) that imports the runtime and then waits for
     its order. `main(connection, source, options, torch_threads, serving)` runs the order, where
     `serving` is the event that ends the orphan watch; None: `helios.server.engine_process._engine_main`,
-    looked up in the engine process (so the serving process need not import it first)."""
+    looked up in the engine process (so the serving process need not import it first). `device`: the
+    device the command line names, whose load's imports the process makes while it waits (None: none)."""
     context = multiprocessing.get_context("spawn")
     connection, child = context.Pipe()
-    process = context.Process(target=_engine_entry, args=(child, os.getpid(), main), name="helios-engine",
+    process = context.Process(target=_engine_entry, args=(child, os.getpid(), main, device), name="helios-engine",
                               daemon=False)
     process.start()
     child.close()
     return EngineSpawn(process, connection)
 
 
-def _engine_entry(connection, parent_pid: int, main: Callable | None) -> None:
+def _engine_entry(connection, parent_pid: int, main: Callable | None, device: str | None) -> None:
     """The engine process; `parent_pid`: the serving process's (it may be gone before this runs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -86,6 +90,11 @@ def _engine_entry(connection, parent_pid: int, main: Callable | None) -> None:
     serving = _exit_when_orphaned(parent_pid)
     if main is None:
         from helios.server.engine_process import _engine_main as main  # the imports the spawn runs ahead
+    if device is not None:
+        from helios.server.engine_process import ahead_imports
+
+        for name in ahead_imports(device):
+            importlib.import_module(name)
     try:
         order = connection.recv()
     except (EOFError, OSError):  # discarded: the start failed before the order
