@@ -67,7 +67,7 @@ def test_serve_starts_its_engine_process_before_it_imports_torch_or_the_serving_
     engine process, which then spent seconds on the same imports; now the engine process starts once
     the flags are checked, and the two processes import side by side."""
     probe = ("import os, sys\nfrom helios.cli import serve_cmd\nfrom helios.cli.main import main\n\n"
-             "def spawn():\n"
+             "def spawn(**kwargs):\n"
              "    print(sorted(m for m in ('torch', 'fastapi', 'helios.cli.serve_run', 'helios.server.engine_process')"
              " if m in sys.modules), flush=True)\n"
              "    os._exit(0)\n\n"
