@@ -515,7 +515,9 @@ def test_a_killed_engine_process_ends_running_streams_and_the_server_names_the_c
 
 def test_sigterm_while_the_embedded_model_is_first_prepared_leaves_no_scratch_behind(tmp_path):
     """Before: SIGTERM ended the process at once, leaving a hidden `.preparing-*` scratch directory
-    (a partial core) in the cache on every interrupted first start."""
+    (a partial core) in the cache on every interrupted first start. The engine process started ahead
+    of the preparation, not yet ordered to load, is killed before the serving process ends (not
+    left to notice it is gone)."""
     cache = tmp_path / "cache"
     env = dict(os.environ, HELIOS_CACHE=str(cache))
     log = tmp_path / "server.log"
@@ -528,6 +530,7 @@ def test_sigterm_while_the_embedded_model_is_first_prepared_leaves_no_scratch_be
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
         time.sleep(1)  # into the preparation
+        children = [int(pid) for pid in Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()]
         process.send_signal(signal.SIGTERM)
         assert process.wait(20) == -signal.SIGTERM
     finally:
@@ -535,7 +538,9 @@ def test_sigterm_while_the_embedded_model_is_first_prepared_leaves_no_scratch_be
             process.kill()
             process.wait()
     assert not list(cache.glob("embedded/.preparing-*")), sorted(cache.rglob("*"))
-    assert "helios serve: stopped by SIGTERM while starting" in log.read_text()
+    assert children and all(wait_gone(pid, 10) for pid in children), children
+    text = log.read_text()
+    assert "helios serve: stopped by SIGTERM while starting" in text and "the serving process is gone" not in text, text
 
 
 @pytest.mark.parametrize("signum, raised", [(signal.SIGTERM, OSError), (signal.SIGINT, KeyboardInterrupt)])
