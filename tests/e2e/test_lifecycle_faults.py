@@ -285,7 +285,7 @@ def test_drain_seconds_reach_the_server(monkeypatch):
             pass
 
     served = []
-    monkeypatch.setattr(serve_run, "_start", lambda args, options, spawned: (Runtime(), "owner"))
+    monkeypatch.setattr(serve_run, "_start", lambda args, options, spawned: (Runtime(), "owner", None))
     monkeypatch.setattr(serve_run, "serve", lambda runtime, options, **kwargs: served.append(options) or 0)
     assert main(["serve", "--port", "0", "--no-engine-process", "--drain-seconds", "0.5"]) == 0
     assert main(["serve", "--port", "0", "--no-engine-process"]) == 0

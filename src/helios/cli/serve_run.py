@@ -16,14 +16,16 @@ import torch
 from helios.cli.core_options import TRUST_ENV, aes_key_from_args, open_core_from_args
 from helios.cli.rank_options import rank_options_from_args
 from helios.cli.runtime_flags import runtime_flags
-from helios.contract import StartupOptions
+from helios.contract import StartupOptions, resolve_settings
 from helios.core.reader import Core, open_core
 from helios.errors import UsageError
 from helios.frontend.images.decode import ImageLimits
+from helios.runtime.loading.model import resource_of_kind
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.connection_limits import ConnectionLimits
 from helios.server.engine_process import CoreSource, start_engine_process
 from helios.server.engine_spawn import EngineSpawn
+from helios.server.frontend_ahead import FrontendAhead
 from helios.server.serve import ServeOptions, bind, serve
 
 
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace, names: tuple[str, ...], spawned: EngineSpawn |
     load, policy, host_pages = runtime_flags(args, startup, args.device)
     runtime_options = RuntimeOptions(load, args.queue_capacity, policy, host_pages, ranks=ranks)
     with contextlib.closing(bind(args.host, args.port)) as sock:  # a taken port fails before the load
-        runtime, owned_by = _start(args, runtime_options, spawned)
+        runtime, owned_by, ahead = _start(args, runtime_options, spawned)
         options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
                                drain_seconds=args.drain_seconds,
                                log_level=args.log_level, access_log=args.access_log,
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace, names: tuple[str, ...], spawned: EngineSpawn |
                                                                   args.body_timeout, args.max_connections),
                                liveness_timeout_s=args.liveness_timeout)
         try:
-            return serve(runtime, options, owned_by=owned_by, sock=sock)
+            return serve(runtime, options, owned_by=owned_by, sock=sock, ahead=ahead)
         finally:
             runtime.close()  # idempotent; stops the ranks also when the server never started
 
@@ -113,19 +115,24 @@ def _stop_signals_unwind():
 
 
 def _start(args: argparse.Namespace, runtime_options: RuntimeOptions, spawned: EngineSpawn | None):
-    """The loaded runtime (in an engine process by default) and the core's publisher namespace. A
-    SIGTERM or SIGHUP meanwhile stops the start (see `_stop_signals_unwind`) and then the process,
-    by that signal; a SIGINT stops it with `KeyboardInterrupt` (exit 130, in either mode)."""
+    """The loaded runtime (in an engine process by default), the core's publisher namespace and, with
+    an engine process, the frontend's tokenizer and grammar compiler built while it loaded
+    (`helios.server.frontend_ahead`; else None). A SIGTERM or SIGHUP meanwhile stops the start (see
+    `_stop_signals_unwind`) and then the process, by that signal; a SIGINT stops it with
+    `KeyboardInterrupt` (exit 130, in either mode)."""
     received: list[int] = []
     try:
         with _stop_signals_unwind() as received:
             core, source = _open(args)
-            if spawned is not None:
-                runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads,
-                                               liveness_timeout_s=args.liveness_timeout, spawned=spawned)
-            else:
-                runtime = build_runtime(core, runtime_options)
-            return runtime, core.publisher.namespace
+            if spawned is None:
+                return build_runtime(core, runtime_options), core.publisher.namespace, None
+            settings = resolve_settings(core.prepared, runtime_options.load.startup)
+            ahead = FrontendAhead(lambda: core.read_resource(resource_of_kind(core, "TOKENIZER")),
+                                  core.prepared.sampled_range[1], settings.eos_token_ids)
+            runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads,
+                                           liveness_timeout_s=args.liveness_timeout, spawned=spawned,
+                                           while_loading=ahead.start)
+            return runtime, core.publisher.namespace, ahead
     except BaseException as error:
         signum = error.signum if isinstance(error, _StopSignal) else received[0] if received else None
         if signum is None:

@@ -226,10 +226,13 @@ class FrontendModel:
         draw_seed: Callable[[], int] | None = None,
         served_names: Sequence[str] = (),
         image_limits: ImageLimits = ImageLimits(),
+        grammar: GrammarCompiler | None = None,
     ) -> FrontendModel:
         """Startup wiring; ContractError when the contract and tokenizer disagree, TemplateLoadError
         when the template does not compile. `settings` default to the core's own defaults;
-        `served_names` (operator names: the served id, then aliases) replace the contract's."""
+        `served_names` (operator names: the served id, then aliases) replace the contract's;
+        `grammar`: the compiler already built from `tokenizer` for the sampled vocabulary and the
+        settings' end-of-sequence ids with the default JSON options (None: built here)."""
         serving = prepared.contract
 
         def encode(text: str) -> list[int]:
@@ -240,9 +243,10 @@ class FrontendModel:
         template = ChatTemplate(chat_template_source, {t.name: t.text for t in serving.defaults.template_tokens})
         settings = settings or prepared.defaults
         vocab_size = prepared.sampled_range[1]
-        grammar = GrammarCompiler.from_tokenizer(
-            tokenizer, vocab_size=vocab_size, eos_token_ids=settings.eos_token_ids, json_defaults=json_defaults
-        )
+        if grammar is None or json_defaults is not None:
+            grammar = GrammarCompiler.from_tokenizer(
+                tokenizer, vocab_size=vocab_size, eos_token_ids=settings.eos_token_ids, json_defaults=json_defaults
+            )
         names = tuple(served_names) or (serving.served_id, *serving.aliases)
         logprobs = min((g.token_logprobs for g in prepared.graphs.values() if g.token_logprobs), default=0)
         scored = bool(prepared.graphs_for(spb.GRAPH_OPERATION_SCORED_PREFILL))

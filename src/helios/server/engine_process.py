@@ -32,6 +32,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from helios.contract import PreparedContract, ResolvedSettings, resolve_settings
 from helios.errors import ExecutionError, HeliosError
@@ -100,9 +101,12 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
                          torch_threads: int | None = None,
                          timeout_s: float = STARTUP_TIMEOUT_S,
                          liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
-                         spawned: EngineSpawn | None = None) -> EngineProcessRuntime:
+                         spawned: EngineSpawn | None = None,
+                         while_loading: Callable[[], object] | None = None) -> EngineProcessRuntime:
     """Orders the engine process to load (`spawned`, started ahead; None: one started here) and
     waits until it serves; raises its startup error, and stops the process on any failure.
+    `while_loading` is called once the order is sent, before the wait: the serving process's own
+    start work that runs beside the load (it must not block).
     `liveness_timeout_s`: seconds without its heartbeat after which the link reports it
     unresponsive (`EngineLink.unresponsive_reason`, `/health` 503), and without a completed round
     while requests are pending after which it reports it stalled (`EngineLink.stalled_reason`)."""
@@ -121,6 +125,8 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
         except OSError:  # it ended before its order: how is said below
             message = None
         else:
+            if while_loading is not None:
+                while_loading()
             message = wait_ready(connection, timeout_s, process.is_alive)
     except BaseException:  # interrupted while it loads: nothing to drain, so it is killed
         _stop_unready(process, connection)

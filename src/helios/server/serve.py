@@ -44,6 +44,7 @@ from helios.frontend.images.decode import ImageLimits
 from helios.runtime.stall_watch import DEFAULT_LIVENESS_TIMEOUT_S
 from helios.runtime.service import Runtime
 from helios.server.engine_process import EngineProcessRuntime
+from helios.server.frontend_ahead import FrontendAhead
 from helios.runtime.host_heap import hold_freed_memory
 from helios.server.heap import freeze_startup_heap
 from helios.server.access import access_logger
@@ -192,14 +193,15 @@ def uvicorn_config(app, options: ServeOptions, limits: ConnectionLimits) -> uvic
 
 
 def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_by: str = "",
-          sock: socket.socket | None = None) -> int:
+          sock: socket.socket | None = None, ahead: FrontendAhead | None = None) -> int:
     """Serves `runtime` (a built, not started runtime) until a shutdown signal (see above), on `sock`
-    (from `bind`; None: bound here to the options' address)."""
+    (from `bind`; None: bound here to the options' address); `ahead`: the frontend's tokenizer and
+    grammar compiler built while the model loaded (`helios.server.frontend_ahead`)."""
     served = ServedModel.from_runtime(
         runtime, queue_capacity=options.queue_capacity, frontend_workers=options.frontend_workers, owned_by=owned_by,
         send_timeout_s=options.send_timeout_s, served_names=options.served_names,
         image_limits=options.image_limits, stream_interval=options.stream_interval,
-        liveness_timeout_s=options.liveness_timeout_s,
+        liveness_timeout_s=options.liveness_timeout_s, ahead=ahead,
     )
     app = with_transport_send(create_app(served, options.max_body_nbytes, options.api_key))
     config = uvicorn_config(app, options, fit_to_fd_limit(options.connection_limits))

@@ -56,12 +56,12 @@ from helios.frontend.output_workers import OutputWorkers
 from helios.frontend.images.decode import ImageLimits
 from helios.frontend.session import FrontendModel, PreparedRequest
 from helios.runtime.engine import Engine, EngineRequest
-from helios.runtime.stall_watch import DEFAULT_LIVENESS_TIMEOUT_S
 from helios.runtime.feedback import TensorGrammar
 from helios.runtime.service import Runtime
-from helios.runtime.stall_watch import StallWatch
+from helios.runtime.stall_watch import DEFAULT_LIVENESS_TIMEOUT_S, StallWatch
 from helios.server.engine_commands import CLOSE_TIMEOUT_S, engine_commands
 from helios.server.engine_process import EngineProcessRuntime
+from helios.server.frontend_ahead import FrontendAhead
 from helios.runtime.records.stats import StatsSnapshot
 from helios.server.admission import AdmissionController, AdmissionLimits, Permit
 from helios.server.bridge import LoopOutbox, ResponseBridge
@@ -145,15 +145,20 @@ class ServedModel:
                      served_names: tuple[str, ...] = (),
                      image_limits: ImageLimits | None = None, output_workers: int = 2,
                      stream_interval: int = 1,
-                     liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S) -> ServedModel:
+                     liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
+                     ahead: FrontendAhead | None = None) -> ServedModel:
         """Wires the frontend of a loaded model; the engine is not started (see `start`).
-        `served_names` (the served id, then aliases) replace the contract's names when given."""
+        `served_names` (the served id, then aliases) replace the contract's names when given; `ahead`:
+        the tokenizer and grammar compiler built while the model loaded, taken where they match."""
         model = runtime.model
-        tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
+        vocab_size, eos_token_ids = model.prepared.sampled_range[1], model.settings.eos_token_ids
+        built = ahead.parts_for(model.tokenizer_json, vocab_size, eos_token_ids) if ahead is not None else None
+        tokenizer, grammar = built or (Tokenizer.from_str(model.tokenizer_json.decode("utf-8")), None)
         serving = model.prepared.contract
         names = tuple(served_names) or (serving.served_id, *serving.aliases)
         frontend = FrontendModel.from_contract(model.prepared, tokenizer, model.chat_template, settings=model.settings,
-                                               served_names=names, image_limits=image_limits or ImageLimits())
+                                               served_names=names, image_limits=image_limits or ImageLimits(),
+                                               grammar=grammar)
         limits = AdmissionLimits(model.settings.max_concurrency, queue_capacity, frontend_workers)
         card = ModelCard(names, owned_by, int(time.time()),
                          model.settings.context_tokens, model.prepared.sampled_range[1])
