@@ -4,18 +4,20 @@ it a thread of the serving process).
 The serving process opens and verifies the core (so trust and usage errors are its own, as
 before), then orders the engine process (started ahead by `helios.server.engine_spawn`, so its
 imports ran beside the serving process's, or started here: `multiprocessing`, spawn) to load it,
-with where the core is and how to load it. The engine process opens the core again, loads it, starts the engine and serves it over
-`helios.runtime.engine_link` (grammar matchers compiled again there from their source, against the
-same tokenizer); its first message is its readiness (the tokenizer and chat template it loaded, and
-its first stats) or its startup error, re-raised here with its type and exit code. The serving
-process never loads weights or touches the device.
+with where the core is and how to load it, and builds its own frontend's tokenizer and grammar
+compiler meanwhile (`while_loading`, `helios.server.frontend_ahead`). The engine process opens the
+core again, loads it, starts the engine and serves it over `helios.runtime.engine_link` (grammar
+matchers compiled again there from their source, against the same tokenizer); its first message is
+its readiness (the tokenizer and chat template it loaded, and its first stats) or its startup
+error, re-raised here with its type and exit code. The serving process never loads weights or
+touches the device.
 
 The engine process ignores SIGINT and SIGTERM, and SIGUSR1 prints its threads' stacks (as in the
 serving process, `helios.cli.stack_dumps`) rather than ending it (`helios.server.engine_spawn`):
 the serving process decides when it stops (`Shutdown` over the pipe, after the HTTP drain; a kill
 when interrupted while it loads) and it stops by itself when the serving process is gone, also
-while it loads (no pipe is read then: a thread watches its parent). `EngineProcessRuntime` stands where `helios.runtime.service.Runtime`
-does for `ServedModel`: `model` (what the frontend reads), `engine` (the link) and `close`, and
+while it loads (no pipe is read then: a thread watches its parent). `EngineProcessRuntime` stands
+where `helios.runtime.service.Runtime` does for `ServedModel`: `model` (what the frontend reads), `engine` (the link) and `close`, and
 `connection`, the pipe end the link writes, whose backlog `helios.server.engine_commands` reads.
 The engine process's command loop sends a heartbeat every second; one that sends none for the
 liveness timeout (`helios serve --liveness-timeout`) is reported unresponsive, not killed. Each
