@@ -17,8 +17,9 @@ serving process, `helios.cli.stack_dumps`) rather than ending it (`helios.server
 the serving process decides when it stops (`Shutdown` over the pipe, after the HTTP drain; a kill
 when interrupted while it loads) and it stops by itself when the serving process is gone, also
 while it loads (no pipe is read then: a thread watches its parent). `EngineProcessRuntime` stands
-where `helios.runtime.service.Runtime` does for `ServedModel`: `model` (what the frontend reads), `engine` (the link) and `close`, and
-`connection`, the pipe end the link writes, whose backlog `helios.server.engine_commands` reads.
+where `helios.runtime.service.Runtime` does for `ServedModel`: `model` (what the frontend reads),
+`engine` (the link) and `close`, and `connection`, the pipe end the link writes, whose backlog
+`helios.server.engine_commands` reads.
 The engine process's command loop sends a heartbeat every second; one that sends none for the
 liveness timeout (`helios serve --liveness-timeout`) is reported unresponsive, not killed. Each
 heartbeat carries the model worker's progress: requests pending and no round completed for that
