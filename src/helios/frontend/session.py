@@ -231,8 +231,8 @@ class FrontendModel:
         """Startup wiring; ContractError when the contract and tokenizer disagree, TemplateLoadError
         when the template does not compile. `settings` default to the core's own defaults;
         `served_names` (operator names: the served id, then aliases) replace the contract's;
-        `grammar`: the compiler already built from `tokenizer` for the sampled vocabulary and the
-        settings' end-of-sequence ids with the default JSON options (None: built here)."""
+        `grammar`: the compiler already built from `tokenizer` for the sampled vocabulary, the
+        settings' end-of-sequence ids and `json_defaults` (None: built here)."""
         serving = prepared.contract
 
         def encode(text: str) -> list[int]:
@@ -243,7 +243,7 @@ class FrontendModel:
         template = ChatTemplate(chat_template_source, {t.name: t.text for t in serving.defaults.template_tokens})
         settings = settings or prepared.defaults
         vocab_size = prepared.sampled_range[1]
-        if grammar is None or json_defaults is not None:
+        if grammar is None:
             grammar = GrammarCompiler.from_tokenizer(
                 tokenizer, vocab_size=vocab_size, eos_token_ids=settings.eos_token_ids, json_defaults=json_defaults
             )

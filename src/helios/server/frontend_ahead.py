@@ -50,7 +50,7 @@ class FrontendAhead:
                   eos_token_ids: Sequence[int]) -> tuple[Tokenizer, GrammarCompiler] | None:
         """The (tokenizer, grammar compiler) built from these, once the build ended; None where it
         was built from others, failed, or never started."""
-        if not self._thread.is_alive() and self._thread.ident is None:  # never started
+        if self._thread.ident is None:  # never started
             return None
         self._thread.join()
         if self._key != (tokenizer_json, vocab_size, tuple(eos_token_ids)):
