@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import platform
 
@@ -29,6 +30,10 @@ def _share_vector_isa_probe() -> None:
 
     flags = cpu_vec_isa.x86_isa_checker()
     named = [isa for isa in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(isa).split())]
+    # Each set's probe is a compile (about 2 s of CPU) then a load in a subprocess; the sets' probes
+    # are independent and cached per set, so they run side by side (the workers have not started yet).
+    with concurrent.futures.ThreadPoolExecutor(max(len(named), 1)) as pool:
+        list(pool.map(bool, named))
     if named and cpu_vec_isa.valid_vec_isa_list() == named:
         os.environ["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
 

@@ -38,6 +38,7 @@ from helios.abi.registry import NAMESPACE, cpu_body
 from helios.errors import ExecutionError
 from helios.runtime.loading.cpu_fast import OP_META, fast_graph
 from helios.runtime.loading.graph_rewrites import fuse_rotary_halves
+from helios.runtime.loading.program_build import code_on_first_use, deferred_recompile, finish_recompile
 
 
 class ProgramArgumentError(ExecutionError, ValueError):
@@ -71,7 +72,7 @@ class CpuProgram:
         if graph is not None:
             for binder in self._binders:
                 binder(graph)
-        self.fast = None if graph is None else torch.fx.GraphModule(self.module, graph)
+        self.fast = None if graph is None else _code_on_first_use(self.module, graph)
         # weights, their tensors, inputs, and the layouts of all of them (`_layout`)
         self._checked: tuple[Sequence[torch.Tensor], tuple, tuple, tuple] | None = None
         self._runner: torch.fx.GraphModule | None = None  # what calls with the checked tensors run
@@ -118,6 +119,14 @@ class CpuProgram:
         return outputs
 
 
+def _code_on_first_use(root: torch.fx.GraphModule, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """The fast module of `graph`, its code generated when first called: the load binds its calls
+    (`bind_fast`) and generates it then, so code made here would be made again."""
+    with deferred_recompile():
+        module = torch.fx.GraphModule(root, graph)
+    return code_on_first_use(module)
+
+
 def _layout(tensors: Sequence[torch.Tensor]) -> tuple:
     return tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in tensors)
 
@@ -127,14 +136,14 @@ def cpu_program(module: torch.fx.GraphModule) -> CpuProgram | torch.fx.GraphModu
     itself when its inputs are not (a list of weights, then tensors) as the runtime's are."""
     num_weights = _weights_first(module)
     if num_weights is None:
-        return module
+        return finish_recompile(module)
     graph = module.graph
     bind_abi_kernels(graph)
     fuse_rotary_halves(graph)
     graph._codegen = torch.fx.graph.CodeGen()  # positional placeholders, outputs returned as they are
     graph.lint()
     module.recompile()
-    return CpuProgram(module, num_weights)
+    return CpuProgram(finish_recompile(module), num_weights)
 
 
 def _weights_first(module: torch.fx.GraphModule) -> int | None:

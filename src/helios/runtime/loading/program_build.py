@@ -124,7 +124,7 @@ def code_on_first_use(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
     def forward(self, *args, **kwargs):
         generate(self)
-        return self(*args, **kwargs)
+        return cls.forward(self, *args, **kwargs)  # the generated code (a module call's hooks already ran)
 
     def code(self) -> str:
         generate(self)

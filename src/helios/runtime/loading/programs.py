@@ -92,13 +92,14 @@ def load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, decl
         drop_no_op_nodes(module)
         # Programs are captured on the CPU: parameters, constants and burnt-in devices move.
         module = move_module(module, device)
-    lazy = lazy_code and device.type != "cpu" and isinstance(module, torch.fx.GraphModule)
-    module = code_on_first_use(module) if lazy else finish_recompile(module)
     # Shapes are fixed here once (input_shapes) and every call passes buffers narrowed to them, so
     # the per-call pytree/shape re-validation (several ms per step on the CPU) is redundant.
     module.validate_inputs = False
     if device.type == "cpu":  # direct ABI kernels and flat calls: the same values, less overhead per op
-        module = cpu_program(module)
+        module = cpu_program(module)  # generates the code of the module it calls (once: its own calls')
+    if isinstance(module, torch.nn.Module):
+        lazy = lazy_code and device.type != "cpu" and isinstance(module, torch.fx.GraphModule)
+        module = code_on_first_use(module) if lazy else finish_recompile(module)
     return LoadedProgram(
         graph=handle.graph, operation=graph.operation, batch_capacity=handle.capacity.batch_capacity,
         packed_token_capacity=handle.capacity.packed_token_capacity, module=module,
