@@ -7,7 +7,8 @@ imports ran beside the serving process's, or started here: `multiprocessing`, sp
 with where the core is and how to load it, and builds its own frontend's tokenizer and grammar
 compiler meanwhile (`while_loading`, `helios.server.frontend_ahead`). The engine process opens the
 core again, loads it, starts the engine and serves it over `helios.runtime.engine_link` (grammar
-matchers compiled again there from their source, against the same tokenizer); its first message is
+matchers compiled again there from their source, against the same tokenizer, by a compiler built once
+the process is ready: `helios.server.engine_grammars`); its first message is
 its readiness (the tokenizer and chat template it loaded, and its first stats) or its startup
 error, re-raised here with its type and exit code. The serving process never loads weights or
 touches the device.
@@ -44,6 +45,7 @@ from helios.runtime.engine_link import (
 )
 from helios.runtime.service import RuntimeOptions
 from helios.runtime.host_heap import hold_freed_memory
+from helios.server.engine_grammars import EngineGrammars
 from helios.server.engine_spawn import EngineOrder, EngineSpawn, spawn_engine_process
 from helios.server.heap import freeze_startup_heap
 
@@ -164,13 +166,12 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
     `loaded`, set once the ready record is sent, ends the watch for an orphaned load."""
     hold_freed_memory()
     try:
-        runtime, compiler = _load(source, options, torch_threads)
+        runtime = _load(source, options, torch_threads)
     except BaseException as error:  # noqa: BLE001 - reported to the serving process
         _send_quietly(connection, _Failed(_portable(error)))
         return
     try:
         from helios.runtime.engine_link import stats_fields
-        from helios.runtime.feedback import TensorGrammar
 
         model = runtime.model
         stats = stats_fields(runtime.engine.stats.snapshot())
@@ -178,7 +179,9 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
             return  # the serving process is gone
         loaded.set()
         freeze_startup_heap()
-        serve_link(connection, runtime.engine, lambda text: TensorGrammar(compiler.compile_source(text)))
+        grammars = EngineGrammars(model.tokenizer_json, model.prepared.sampled_range[1],
+                                  model.settings.eos_token_ids).start()
+        serve_link(connection, runtime.engine, grammars.compile)
     finally:
         runtime.close()
 
@@ -194,26 +197,15 @@ def _send_quietly(connection, message) -> bool:
 
 def _load(source: CoreSource, options: RuntimeOptions, torch_threads: int | None):
     import torch
-    from tokenizers import Tokenizer
 
     from helios.core.reader import open_core
-    from helios.frontend.structured.grammar import GrammarCompiler
     from helios.runtime.service import build_runtime
 
     if torch_threads:
         torch.set_num_threads(torch_threads)
     core = open_core(Path(source.path), accept=source.accept, trusted_keys=[Path(p) for p in source.trusted_keys],
                      aes_key=source.aes_key)
-    runtime = build_runtime(core, options)
-    model = runtime.model
-    try:
-        tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
-        compiler = GrammarCompiler.from_tokenizer(tokenizer, vocab_size=model.prepared.sampled_range[1],
-                                                  eos_token_ids=model.settings.eos_token_ids)
-    except BaseException:
-        runtime.close()
-        raise
-    return runtime, compiler
+    return build_runtime(core, options)
 
 
 def _portable(error: BaseException) -> BaseException:
