@@ -12,10 +12,10 @@ arrives after a failed build fails alone, naming why.
 
 from __future__ import annotations
 
-import threading
 from typing import Sequence
 
 from helios.errors import ExecutionError
+from helios.server.frontend_ahead import FrontendAhead
 
 
 class GrammarCompilerUnavailableError(ExecutionError):
@@ -23,44 +23,26 @@ class GrammarCompilerUnavailableError(ExecutionError):
 
 
 class EngineGrammars:
-    """`compile(source)`: a grammar matcher from the compiler built on a thread from `tokenizer_json`
-    (the sampled vocabulary `vocab_size`, end-of-sequence ids `eos_token_ids`), started by `start`."""
+    """`compile(source)`: a grammar matcher from the compiler built on a thread (`FrontendAhead`, the
+    serving process's build) from `tokenizer_json` for the sampled vocabulary `vocab_size` and the
+    end-of-sequence ids `eos_token_ids`, started by `start`."""
 
     def __init__(self, tokenizer_json: bytes, vocab_size: int, eos_token_ids: Sequence[int]):
-        self._arguments = (tokenizer_json, vocab_size, tuple(eos_token_ids))
-        self._built = threading.Event()
-        self._compiler = None
-        self._error: Exception | None = None
-        self._thread = threading.Thread(target=self._build, name="helios-engine-grammars", daemon=True)
+        self._of = (tokenizer_json, vocab_size, tuple(eos_token_ids))
+        self._build = FrontendAhead(lambda: tokenizer_json, vocab_size, eos_token_ids)
 
     def start(self) -> "EngineGrammars":
-        self._thread.start()
+        self._build.start()
         return self
-
-    def _build(self) -> None:
-        from tokenizers import Tokenizer
-
-        from helios.frontend.structured.grammar import GrammarCompiler
-
-        tokenizer_json, vocab_size, eos_token_ids = self._arguments
-        try:
-            tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
-            self._compiler = GrammarCompiler.from_tokenizer(tokenizer, vocab_size=vocab_size,
-                                                            eos_token_ids=eos_token_ids)
-        except Exception as error:  # noqa: BLE001 - each request with a grammar reports it
-            self._error = error
-        finally:
-            self._built.set()
 
     def compile(self, source: str):
         """The `TensorGrammar` of `source`, once the compiler is built (waiting for it here)."""
         from helios.runtime.feedback import TensorGrammar
 
-        if self._thread.ident is None:
-            raise GrammarCompilerUnavailableError("the engine process's grammar compiler build was never started")
-        self._built.wait()
-        if self._compiler is None:
-            error = self._error
+        parts = self._build.parts_for(*self._of)
+        if parts is None:
+            error = self._build.failure
             raise GrammarCompilerUnavailableError(
+                "the engine process's grammar compiler build was never started" if error is None else
                 f"the engine process could not build its grammar compiler: {type(error).__name__}: {error}")
-        return TensorGrammar(self._compiler.compile_source(source))
+        return TensorGrammar(parts[1].compile_source(source))

@@ -45,7 +45,6 @@ from helios.runtime.engine_link import (
 )
 from helios.runtime.service import RuntimeOptions
 from helios.runtime.host_heap import hold_freed_memory
-from helios.server.engine_grammars import EngineGrammars
 from helios.server.engine_spawn import EngineOrder, EngineSpawn, spawn_engine_process
 from helios.server.heap import freeze_startup_heap
 
@@ -172,6 +171,7 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
         return
     try:
         from helios.runtime.engine_link import stats_fields
+        from helios.server.engine_grammars import EngineGrammars
 
         model = runtime.model
         stats = stats_fields(runtime.engine.stats.snapshot())

@@ -30,6 +30,7 @@ class FrontendAhead:
         self._parts: tuple[Tokenizer, GrammarCompiler] | None = None
         self._vocab_size = vocab_size
         self._eos_token_ids = tuple(eos_token_ids)
+        self.failure: Exception | None = None  # what the build raised, if it failed
         self._thread = threading.Thread(target=self._build, name="helios-frontend-ahead", daemon=True)
 
     def start(self) -> None:
@@ -41,7 +42,8 @@ class FrontendAhead:
             tokenizer = Tokenizer.from_str(text.decode("utf-8"))
             grammar = GrammarCompiler.from_tokenizer(tokenizer, vocab_size=self._vocab_size,
                                                      eos_token_ids=self._eos_token_ids)
-        except Exception:  # noqa: BLE001 - `from_runtime` builds them again and reports its own error
+        except Exception as error:  # noqa: BLE001 - `from_runtime` builds them again and reports its own error
+            self.failure = error
             return
         self._key = (text, self._vocab_size, self._eos_token_ids)
         self._parts = (tokenizer, grammar)

@@ -96,7 +96,7 @@ def load_program(core, prepared: PreparedContract, handle: mpb.GraphHandle, decl
     # the per-call pytree/shape re-validation (several ms per step on the CPU) is redundant.
     module.validate_inputs = False
     if device.type == "cpu":  # direct ABI kernels and flat calls: the same values, less overhead per op
-        module = cpu_program(module)  # generates the code of the module it calls (once: its own calls')
+        module = cpu_program(module)  # generates its modules' code itself, once each
     if isinstance(module, torch.nn.Module):
         lazy = lazy_code and device.type != "cpu" and isinstance(module, torch.fx.GraphModule)
         module = code_on_first_use(module) if lazy else finish_recompile(module)
