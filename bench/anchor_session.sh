@@ -4,15 +4,22 @@
 #   written and the core prepares), then the compiled anchor (.anchor/compiled_anchor.py, an ignored
 #   copy of ../shared/bench/compiled_anchor.py) and Helios at the same shapes, the levers A/B and
 #   the decode profile: bench/anchor_compare.py. Run from the repository root with `.anchor` and
-#   `.whl` carried:  bash bench/anchor_session.sh      (LAYERS=4 for a quick run)
+#   `.whl` carried:  bash bench/anchor_session.sh      (LAYERS=4 for a quick run; WHEELS=dir for another
+#   wheels' folder; .anchor/src.tgz, where present, is the src served)
 set -uo pipefail
 out=${OUT:-device-out}
 mkdir -p "$out"
-if compgen -G ".whl/*.whl" >/dev/null && [ ! -d /tmp/site ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+wheels=${WHEELS:-.whl}  # the wheels' folder (carried)
+if compgen -G "$wheels/*.whl" >/dev/null && [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl || exit 1
 fi
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+src=$PWD/src
+if [ -f .anchor/src.tgz ]; then  # a commit's src (`git archive --format=tar.gz HEAD src`), whatever the working tree holds
+  rm -rf /tmp/new && mkdir -p /tmp/new && tar -xzf .anchor/src.tgz -C /tmp/new || exit 1
+  src=/tmp/new/src
+fi
+export PYTHONPATH=$src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 timeout 570 python3 bench/anchor_compare.py --anchor .anchor/compiled_anchor.py --layers "${LAYERS:-32}" \
   --anchor-timeout 270 --json "$out/anchor_compare.json" \

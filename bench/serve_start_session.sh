@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# `helios serve`'s start on CUDA with an 8B-shaped core, in one device call (one H200 or H100, about
+# 5 minutes), logs under $OUT:
+#   1. bench/cold_start.py: the core prepared and loaded in-process, phase by phase (kept in /tmp/core8b);
+#   2. bench/serve_ready.py: launch to the first /health 200 of `helios serve --device cuda` on that core,
+#      for the tree before a change (.anchor/old.patch applied, when present) and the tree, alternating,
+#      ROUNDS starts each after one warm-up;
+#   3. bench/standin_referrers.py at the same layers (stand-in weights alive after the load), if STANDIN=1.
+# The tree's src is this checkout's, or .anchor/src.tgz where present (`git archive --format=tar.gz HEAD src`:
+# a commit's, whatever the working tree holds); the patch: `git diff HEAD REV -- src > .anchor/old.patch`.
+# Run from the repository root with
+# `.anchor` and `.whl` carried:  bash bench/serve_start_session.sh     (LAYERS=4 for a quick run)
+set -uo pipefail
+out=${OUT:-device-out}
+layers=${LAYERS:-32}
+mkdir -p "$out"
+wheels=${WHEELS:-.whl}  # the wheels' folder (carried)
+if compgen -G "$wheels/*.whl" >/dev/null && [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl || exit 1
+fi
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+src=$PWD/src
+if [ -f .anchor/src.tgz ]; then
+  rm -rf /tmp/new && mkdir -p /tmp/new && tar -xzf .anchor/src.tgz -C /tmp/new || exit 1
+  src=/tmp/new/src
+fi
+export PYTHONPATH=$src:$PWD/bench:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+trees=(--tree "$src")
+if [ -f .anchor/old.patch ]; then
+  rm -rf /tmp/old && mkdir -p /tmp/old && cp -r "$src" /tmp/old/ && (cd /tmp/old && patch -s -p1 < "$OLDPWD/.anchor/old.patch") || exit 1
+  trees=(--tree /tmp/old/src --tree "$src")
+fi
+rm -rf /tmp/core8b
+timeout 240 python3 bench/cold_start.py --layers "$layers" --variants logprobs --skip-no-logprobs-load \
+  --keep-core /tmp/core8b 2>&1 | grep -v "checkpoint: layer" | tee "$out/cold_start.log" | tail -45
+timeout 300 python3 bench/serve_ready.py "${trees[@]}" --rounds "${ROUNDS:-3}" --timeout 120 -- \
+  /tmp/core8b/model.core --device cuda --accept bench/gpu --trust /tmp/core8b/publisher.key.pub 2>&1 \
+  | tee "$out/serve_ready.log"
+if [ "${STANDIN:-0}" = 1 ]; then
+  timeout 200 python3 bench/standin_referrers.py --layers "$layers" 2>&1 | tail -40 | tee "$out/standin.log"
+fi
