@@ -264,11 +264,12 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 def _write_case(source: Path, directory: Path, keys: dict) -> Path:
-    """A copy of `source` (weights linked) whose config.json holds `keys` for its rope settings."""
+    """A copy of `source` (files hard-linked: a checkpoint's symbolic links may not leave it) whose
+    config.json holds `keys` for its rope settings."""
     directory.mkdir(parents=True, exist_ok=True)
     for path in source.iterdir():
         if path.name != "config.json" and not (directory / path.name).exists():
-            (directory / path.name).symlink_to(path)
+            os.link(path, directory / path.name)
     config = json.loads((source / "config.json").read_text())
     text = config["text_config"] if "vision_config" in config else config  # a vision-language decoder's
     for key in ROPE_KEYS:

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from helios.contract import serving_pb2 as spb
 from helios.ignition.architecture import CheckpointError
+from helios.ignition.checkpoint_links import check_links
 from helios.ignition.frontend.families import select_family
 from helios.ignition.frontend.probes import message_boundary, prefix_rules, reasoning_facts, tool_call_text
 from helios.ignition.frontend.render import ProbeTemplate
@@ -51,6 +52,7 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
     unknown = set(stated) - set(STATED_KEYS)
     if unknown:
         raise CheckpointError(f"unknown frontend keys {sorted(unknown)}; known: {', '.join(STATED_KEYS)}")
+    check_links(directory)  # also where a checkpoint's assets are read without its weights
     path = directory / "tokenizer.json"
     if not path.is_file():
         raise CheckpointError(missing_tokenizer_json(directory))
@@ -64,6 +66,12 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
     if tokenizer.get_vocab_size(with_added_tokens=False) > vocab_size:
         raise CheckpointError(f"{path} holds {tokenizer.get_vocab_size(with_added_tokens=False)} tokens, more than "
                               f"the model's vocab_size {vocab_size}: the excess ids have no embedding")
+    # The count is no bound on the ids: a vocabulary with gaps ({"a": 0, "b": 100000}) counts 2.
+    vocab = tokenizer.get_vocab(with_added_tokens=False)
+    past = max(vocab.items(), key=lambda item: item[1], default=("", -1))
+    if past[1] >= vocab_size:
+        raise CheckpointError(f"{path} gives the token {past[0]!r} the id {past[1]}, past the model's vocab_size "
+                              f"{vocab_size}: it has no embedding")
     config = read_json(directory / "tokenizer_config.json")
     tokenizer_json, tokenizer = declared_added_tokens(tokenizer_json, tokenizer, config)
     template = chat_template(directory, config)

@@ -32,7 +32,7 @@ def _number(config: dict, name: str, low: float, high: float, low_open: bool = F
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CheckpointError(f"{FILE}: {name} must be a number, not {value!r}")
-    if value < low or value > high or (low_open and value == low):
+    if not low <= value <= high or (low_open and value == low):  # NaN lies in no range
         raise CheckpointError(f"{FILE}: {name} {value} is outside the supported range")
     return float(value)
 
@@ -57,7 +57,7 @@ def recommended_sampling(directory: Path) -> spb.SamplingDefaults:
         if top_k is not None:
             if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
                 raise CheckpointError(f"{FILE}: top_k must be a non-negative integer, not {top_k!r}")
-            out.top_k = top_k
+            out.top_k = min(top_k, 2**31 - 1)  # any top_k past the vocabulary keeps every token
     penalty = _number(config, "repetition_penalty", 0.0, 100.0, low_open=True)
     if penalty is not None:
         out.repetition_penalty = penalty

@@ -90,6 +90,8 @@ def _template_files(directory: Path) -> tuple[str, dict[str, str]]:
         files += sorted((directory / TEMPLATE_DIR).glob("*.jinja"))
     templates = {}
     for path in files:
+        if not path.is_file():  # reading a FIFO would block forever
+            raise CheckpointError(f"{path} is not a regular file")
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, ValueError) as error:
@@ -211,10 +213,11 @@ def declared_added_tokens(tokenizer_json: bytes, tokenizer: Tokenizer,
     added = {entry["id"]: entry for entry in data.get("added_tokens") or []}
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     next_id, changed = tokenizer.get_vocab_size(with_added_tokens=True), False
-    for key, entry in sorted(declared.items(), key=lambda item: int(item[0]) if item[0].isdigit() else -1):
+    # isdecimal, not isdigit: int() refuses digits such as "\u00b2" that isdigit accepts.
+    for key, entry in sorted(declared.items(), key=lambda item: int(item[0]) if item[0].isdecimal() else -1):
         where = f"{TOKENIZER_CONFIG}: added_tokens_decoder[{key!r}]"
         content = entry.get("content") if isinstance(entry, dict) else None
-        if not key.isdigit() or not isinstance(content, str) or not content:
+        if not key.isdecimal() or not isinstance(content, str) or not content:
             raise CheckpointError(f"{where} must map a token id to an object with a non-empty string content")
         token_id, held = int(key), vocab.get(content)
         if held is None and token_id != next_id:

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Callable
 
 from helios.ignition.architecture import CheckpointError
+from helios.ignition.checkpoint_links import check_links
 from helios.ignition.recipes import (bamba, deepseek, ernie4_5, gemma3, glm4, gpt_oss, granite, hunyuan, llama, moe,
                                      cohere, olmo, phi, phi3, qwen_vl, smollm3, starcoder2)
 from helios.ignition.recipes import qwen3_next
@@ -159,6 +160,8 @@ def load_checkpoint(path: str | Path, dtype: str | None = None, context_tokens: 
     `context_tokens` is the served context (prompt + output per request) where a recipe's weights
     depend on it (None: the recipe's choice for an unknown context, see `phi3`)."""
     directory = Path(path)
+    if directory.is_dir():  # read_config names what else it is
+        check_links(directory)
     config = read_config(directory)
     declared = config.get("architectures") or []
     source = declared[0] if len(declared) == 1 else None
@@ -177,7 +180,8 @@ def load_checkpoint(path: str | Path, dtype: str | None = None, context_tokens: 
     except KeyError as error:  # a config key every checkpoint of the family has (the types were checked)
         raise CheckpointError(f"{directory / 'config.json'} has no {error.args[0]!r}, which the {source} "
                               f"recipe reads") from None
-    except (TypeError, ValueError, IndexError, RuntimeError) as error:  # a value or tensor the checks let by
+    # ArithmeticError: a 400-digit integer setting only one family reads overflows float().
+    except (TypeError, ValueError, IndexError, RuntimeError, ArithmeticError) as error:  # a value the checks let by
         # Chained, not hidden: a recipe's own bug keeps its traceback for whoever catches this.
         raise CheckpointError(f"cannot prepare the {source} checkpoint at {directory}: {error}") from error
 

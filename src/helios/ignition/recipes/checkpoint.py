@@ -176,6 +176,10 @@ def _check_config(config: Mapping[str, Any], where: str) -> None:
                 raise CheckpointError(f"config.json: {name} must be an integer from {least} to {most}, got {value!r}")
         elif key in _NON_NEGATIVE_FLOATS or key in _POSITIVE_FLOATS or key in _FINITE_FLOATS:
             least = 0 if key in _NON_NEGATIVE_FLOATS or key in _POSITIVE_FLOATS else -math.inf
+            # Checked before isfinite, which overflows on such an int; torch takes a Python int as int64.
+            if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+                raise CheckpointError(f"config.json: {name} is an integer of {value.bit_length()} bits, past the "
+                                      f"64 bits of a tensor's integers; write it as a decimal fraction")
             if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
                     or value < least or (value == 0 and key in _POSITIVE_FLOATS)):
                 kind = "positive" if key in _POSITIVE_FLOATS else "non-negative" if least == 0 else "finite"
