@@ -18,6 +18,8 @@ in a thread, in front of `BodyGuard` and a tiny application (the limits sit belo
 - a deadline that passes while an earlier response is still streaming writes nothing into it: the
   stream ends whole and the connection closes;
 - a pipelined request's body deadline counts from when its task starts, not from its headers.
+- bytes the parser refuses get a JSON 400; a malformed request pipelined behind another is never
+  answered into (or instead of) the response before it.
 """
 
 from __future__ import annotations
@@ -363,3 +365,43 @@ def test_a_refused_client_that_sent_its_request_reads_the_503_and_refusals_do_no
         assert refusals.num_lingering == 0
         for sock in refused + held:
             sock.close()
+
+
+MALFORMED_REQUESTS = {
+    "a garbage request line": b"GARBAGE GARBAGE\r\n\r\n",
+    "a control character in a header value": b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x7fb\r\n\r\n",
+    "conflicting content lengths": b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    "broken chunk framing": b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_REQUESTS))
+def test_bytes_the_parser_refuses_get_a_json_400_and_the_connection_closes(server, case):
+    """uvicorn answered these with a plain-text "Invalid HTTP request received."."""
+    with server.connect() as sock:
+        sock.sendall(MALFORMED_REQUESTS[case])
+        response = read_all(sock)
+    status, error = error_of(response)
+    assert status == 400 and error["type"] == "invalid_request_error" and "not valid HTTP/1.1" in error["message"]
+    assert b"connection: close" in response.lower()
+    assert b"200 OK" in server.get_health()
+
+
+def test_a_malformed_request_pipelined_during_a_stream_writes_nothing_into_it(server):
+    """uvicorn wrote its 400 into the middle of the running chunked response and closed it there."""
+    with server.connect() as sock:
+        sock.sendall(b"GET /stream?4 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock, b"data: 0\n\n\r\n").startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GARBAGE GARBAGE\r\n\r\n")
+        response = read_all(sock)
+    assert b"400" not in response and response.endswith(b"data: 3\n\n\r\n0\r\n\r\n")  # ended whole, then closed
+
+
+def test_a_request_before_a_malformed_one_in_the_same_read_is_answered(server):
+    """uvicorn answered the malformed one at once and closed: the request before it got nothing."""
+    with server.connect() as sock:
+        sock.sendall(b"GET /stream?2 HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE GARBAGE\r\n\r\n")
+        response = read_all(sock)
+    assert response.startswith(b"HTTP/1.1 200") and response.endswith(b"data: 1\n\n\r\n0\r\n\r\n")
+    assert b"400" not in response

@@ -48,6 +48,7 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 # FastAPI's native OpenTelemetry off: the server has its own metrics and access log, and otherwise
 # every request reads the environment for configured providers (`NativeTelemetry.enabled`).
 NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
+JSON_BODY_PATHS = ("/v1/chat/completions", "/v1/completions")  # the routes that take a (JSON) body
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
@@ -114,7 +115,7 @@ def create_app(served: ServedModel, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYT
     _install_routes(app, served)
     _document_400_not_422(app)
     _openapi_get_only(app)
-    app.add_middleware(BodyGuard, max_body_nbytes=max_body_nbytes)
+    app.add_middleware(BodyGuard, max_body_nbytes=max_body_nbytes, json_paths=JSON_BODY_PATHS)
     if api_key:
         app.add_middleware(ApiKeyGuard, api_key=api_key)
     app.add_middleware(ResponseCounter, counter=served.metrics.http_responses, endpoints=ENDPOINTS)
@@ -242,6 +243,8 @@ def schema_violation(errors, body=None) -> SchemaViolation:
     """The 400 error of pydantic/JSON validation errors: the first few, with their locations in
     `body` (the parsed request body; see `_location`)."""
     errors = list(errors)
+    if errors and errors[0].get("type") == "missing" and tuple(errors[0].get("loc", ())) == ("body",):
+        return SchemaViolation("the request body is empty: send a JSON object of the endpoint's fields", None)
     if errors and errors[0].get("type") == "json_invalid":
         detail = errors[0].get("ctx", {}).get("error", "")
         return SchemaViolation(f"the request body is not valid JSON: {detail}".rstrip(": "), None)

@@ -20,13 +20,16 @@ itself, with an OpenAI-style error body, when the body
 
 So no string that cannot be encoded as UTF-8 ever reaches validation, preparation or the model
 worker. A body that passes is replayed unchanged to the application; later `receive` calls go to
-the connection (disconnect detection keeps working).
+the connection (disconnect detection keeps working). With `json_paths`, only a POST to one of those
+paths is judged as JSON (media type, encoding, shape); a POST to any other path is still read whole
+within the size and time limits (a body left unread would reset the connection), then left to the
+router, whose 404 or 405 is the answer (a body was not the client's mistake there: the path was).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -133,13 +136,15 @@ def content_type_of(scope: Scope) -> str | None:
 
 
 class BodyGuard:
-    """See the module docstring. Requests other than POST pass through untouched."""
+    """See the module docstring. Requests other than POST pass through untouched; `json_paths`
+    (None: every path) are those whose POST body is judged as JSON."""
 
     def __init__(self, app: ASGIApp, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYTES,
-                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, json_paths: Collection[str] | None = None):
         self.app = app
         self.max_body_nbytes = max_body_nbytes
         self.body_timeout_s = body_timeout_s
+        self.json_paths = None if json_paths is None else frozenset(json_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -149,7 +154,7 @@ class BodyGuard:
             body = await self._read_in_time(scope, receive)
             if body is None:
                 return  # the client went away while sending
-            if body:
+            if body and (self.json_paths is None or scope["path"] in self.json_paths):
                 content_type = content_type_of(scope)
                 if not is_json_media_type(content_type):
                     raise UnsupportedMediaType(content_type)  # read first: a body left unread resets the connection

@@ -22,13 +22,18 @@ subclass of that protocol, one instance per connection, which adds:
   request is read, and is no longer treated as HTTP: what it sends is discarded, its write side is
   shut, and it is closed when the client closes or `REFUSAL_LINGER_S` later (so that a client that
   already sent its request reads the 503 rather than a reset; at most `MAX_LINGERING` linger at
-  once, more are closed at once); the refusals are logged at most once per `REFUSAL_LOG_INTERVAL_S`.
+  once, more are closed at once); the refusals are logged at most once per `REFUSAL_LOG_INTERVAL_S`;
+- bytes the parser refuses (not an HTTP/1.1 request: a garbage request line, a bad header, broken
+  chunk framing) get 400 and the connection is closed, as uvicorn does, but with the server's JSON
+  error body, and never written into an earlier response still being sent (uvicorn wrote its
+  plain-text 400 into the middle of a pipelined stream, and dropped a request whose response had
+  not started yet).
 
 A deadline that passes while the server itself has paused reading (a pipelined request waiting for
 the response before it, or a body the application has not taken yet) is not the client's delay: it
 starts again. Nothing is written into a response still being sent on the connection: a limit passed
-meanwhile (a pipelined head too large or too slow) stops the parser, and the connection is closed
-when that response ends. The error answers have the server's usual JSON error body.
+meanwhile (a pipelined head too large or too slow, or malformed) stops the parser, and the
+connection is closed when that response ends. The error answers have the server's usual JSON error body.
 """
 
 from __future__ import annotations
@@ -70,6 +75,10 @@ class HeadTooLarge(RequestError):
     """The request line and header block are larger than the server's limit (``--max-header-bytes``)."""
 
     http_status = 431
+
+
+class MalformedRequest(RequestError):
+    """Bytes on the connection that httptools does not parse as an HTTP/1.1 request."""
 
 
 class ConnectionCapReached(OverloadedError):
@@ -172,8 +181,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             fed, data = data[:room], data[room:]
             self.head_nbytes += len(fed)
             super().data_received(fed)
-            if self.transport.is_closing() or self.transport.get_protocol() is not self:
-                return  # closed (a 400 from the parser) or taken over by the WebSocket protocol
+            if self.is_discarding or self.transport.is_closing() or self.transport.get_protocol() is not self:
+                return  # refused by the parser (`send_400_response`), or taken over by the WebSocket protocol
 
     # Parser callbacks (httptools calls them while `data_received` feeds it)
 
@@ -238,6 +247,26 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _is_responding(self) -> bool:
         """Whether an earlier request's response is still running (or waiting to run) on this connection."""
         return self.cycle is not None and not self.cycle.response_complete
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer when the parser refuses the bytes (`msg`, its plain-text body, is not
+        used). A head that never completed is answered as the limits are (`_answer`): after an earlier
+        response still being sent, nothing is written, and the connection closes when it ends. A
+        request whose body broke off (chunk framing) cannot be served: 400 while nothing was sent for
+        it or before it, else the connection is closed, since any bytes would land inside a response."""
+        error = MalformedRequest("the request is not valid HTTP/1.1 (its request line, headers or chunked "
+                                 "body framing could not be parsed)")
+        if self.is_awaiting_head or self.cycle is None:
+            self._answer(error)
+        elif self.cycle.response_started or any(cycle is self.cycle for cycle, _ in self.pipeline):
+            self._disarm()
+            self.is_discarding = True
+            self.transport.close()
+        else:
+            self._disarm()
+            self.is_discarding = True
+            self.transport.write(error_bytes(error))
+            self.transport.close()
 
     def _answer(self, error: HeliosError) -> None:
         self._disarm()
