@@ -59,6 +59,14 @@ def test_requests_without_the_api_key_get_401(runner, app):
         assert runner.run(get(app, open_path)).status_code == 200
 
 
+@pytest.mark.parametrize("header, status", [
+    (f"bearer {KEY}", 200), (f"BEARER  {KEY}", 200),  # HTTP's auth schemes are case-insensitive
+    (f"Basic {KEY}", 401), (f"Bearer{KEY}", 401), (KEY, 401), (f"Bearer {KEY} ", 401), ("Bearer", 401),
+])
+def test_the_bearer_scheme_is_read_in_any_case_and_nothing_else_passes(runner, app, header, status):
+    assert runner.run(get(app, "/v1/models", authorization=header)).status_code == status
+
+
 def test_served_names_and_aliases_replace_the_contracts(runner, app):
     api = client(app)
     async def names():

@@ -1,7 +1,8 @@
 """ASGI middleware for operators: the API key and the access log.
 
 `ApiKeyGuard`: with a key set (``--api-key`` or ``HELIOS_API_KEY``), every ``/v1/`` request must
-carry ``Authorization: Bearer KEY`` (compared in constant time); others get 401 with an
+carry ``Authorization: Bearer KEY`` (the scheme in any case, as HTTP's schemes are; the key compared
+in constant time); others get 401 with an
 OpenAI-style error body before their body is read. ``/health``, ``/metrics`` and
 ``/openapi.json`` stay open for probes and scrapers.
 
@@ -40,7 +41,7 @@ class ApiKeyGuard:
 
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
-        self._expected = f"Bearer {api_key}".encode("utf-8")
+        self._expected = api_key.encode("utf-8")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/") or self._is_authorized(scope):
@@ -59,7 +60,8 @@ class ApiKeyGuard:
             if name == b"authorization":
                 given = value
                 break
-        return hmac.compare_digest(given, self._expected)
+        scheme, _, key = given.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(key.lstrip(b" "), self._expected)
 
 
 class AccessLog:
