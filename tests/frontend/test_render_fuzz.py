@@ -446,6 +446,9 @@ def test_a_refused_rendering_names_the_field_at_fault(qwen_tokenizer):
     refused = [
         ([{"role": "system", "content": "s"}], None, "messages", "no system messages"),
         ([{"role": "user", "content": "u"}], {"add_generation_prompt": False}, "chat_template_kwargs", "may not set"),
+        # jinja2's globals and a template's `self`: "'int' object is not callable", naming messages, before
+        ([{"role": "user", "content": "u"}], {"namespace": 1}, "chat_template_kwargs", "may not set 'namespace'"),
+        ([{"role": "user", "content": "u"}], {"self": 1}, "chat_template_kwargs", "may not set 'self'"),
         ([{"role": "user", "content": "u"}], {"x": [1]}, "chat_template_kwargs", "boolean, number, string"),
         ([{"role": "assistant", "tool_calls": [call]}], None, "messages", "lone surrogate"),
     ]

@@ -20,13 +20,17 @@ from datetime import datetime
 from typing import Mapping
 
 import jinja2
+from jinja2.defaults import DEFAULT_NAMESPACE
 
 from helios.core.template_sandbox import (
     BoundedSandbox, RenderBounds, RenderLimitExceeded, TemplateRaised, render_bounded)
 from helios.errors import LoadError, RequestError
 
-# Template variables the prompt path supplies itself; request kwargs may not override them.
-RESERVED_NAMES = frozenset({"messages", "tools", "add_generation_prompt", "raise_exception", "strftime_now"})
+# Template variables the prompt path supplies itself, jinja2's own globals (`namespace`, `range`, ...)
+# and ``self`` (a template's blocks); request kwargs may not override them (a template calling
+# `namespace()` failed with "'int' object is not callable", named as the conversation's fault).
+RESERVED_NAMES = frozenset({"messages", "tools", "add_generation_prompt", "raise_exception", "strftime_now",
+                            "self", *DEFAULT_NAMESPACE})
 TEMPLATE_KWARG_TYPES = (bool, int, float, str, type(None))
 # What one render may build and spend. A request is at most MAX_MESSAGES (1024) messages in a body of
 # a few MiB (4 MiB by default), and a correct template renders each message a small number of
