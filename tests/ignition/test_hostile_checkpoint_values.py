@@ -50,6 +50,18 @@ def test_an_additional_template_that_is_a_fifo_is_refused_not_waited_on(checkpoi
         read_assets(checkpoint, VOCAB_SIZE)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"])
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_an_optional_frontend_file_that_is_no_regular_file_is_named_not_read_as_absent(checkpoint, name, kind):
+    # Read as absent before: a FIFO tokenizer_config.json was refused as "declares no chat template".
+    path = checkpoint / name
+    path.unlink(missing_ok=True)
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    with pytest.raises(CheckpointError, match=f"{name} is not a regular file"):
+        read_assets(checkpoint, VOCAB_SIZE)
+
+
 def test_a_nan_sampling_setting_is_refused_naming_the_file(checkpoint):
     # NaN passed the range check and failed contract validation after capture (exit 3, no file named).
     (checkpoint / "generation_config.json").write_text('{"eos_token_id": 1, "temperature": NaN}')

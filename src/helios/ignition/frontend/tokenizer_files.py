@@ -44,8 +44,10 @@ _TOOLS_SWITCH = ("{%+ if tools is defined and tools is not none %}\n", "{%+ else
 
 def read_json(path: Path) -> dict:
     """The JSON object in `path` ({} when there is no such file)."""
-    if not path.is_file():
+    if not path.exists():
         return {}
+    if not path.is_file():  # a FIFO would block the read; read as absent, it was misnamed as missing
+        raise CheckpointError(f"{path} is not a regular file")
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as error:
@@ -85,7 +87,7 @@ def tools_switch(tool_use: str, default: str) -> str:
 
 
 def _template_files(directory: Path) -> tuple[str, dict[str, str]]:
-    files = [directory / TEMPLATE_FILE] if (directory / TEMPLATE_FILE).is_file() else []
+    files = [directory / TEMPLATE_FILE] if (directory / TEMPLATE_FILE).exists() else []
     if (directory / TEMPLATE_DIR).is_dir():
         files += sorted((directory / TEMPLATE_DIR).glob("*.jinja"))
     templates = {}
