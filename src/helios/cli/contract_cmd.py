@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from helios.cli.core_options import check_output_path, load_private_key, naming_output, read_bounded
+from helios.cli.termination import terminate_as_exception
 from helios.contract import PreparedContract
 from helios.contract.files import load_bytes
 from helios.contract.rules import enum_label
@@ -69,6 +72,8 @@ def _load(name: str) -> PreparedContract:
     a device or a FIFO with no writer is one line, never an unbounded read or a wait."""
     try:
         if name == "-":
+            if sys.stdin is None:  # started with standard input closed (`<&-`)
+                raise UsageError("cannot read -: standard input is closed")
             data = sys.stdin.buffer.read(MAX_CONTRACT_NBYTES + 1)
             data = None if len(data) > MAX_CONTRACT_NBYTES else data
         else:
@@ -113,21 +118,41 @@ def _example_core(args: argparse.Namespace) -> int:
         raise UsageError(f"--namespace: {error}") from None
     if not 0 <= args.seed < 2**63:
         raise UsageError("--seed must be in [0, 2**63)")
-    output = check_output_path("-o", args.output, {"--key file": args.key, "contract FILE": args.file})
+    output = check_output_path("-o", args.output, {"--key file": args.key, "public key of --key": f"{args.key}.pub",
+                                                   "contract FILE": args.file})
     key = load_private_key(args.key)
     prepared = _load(args.file)
-    with naming_output(output):
+    with terminate_as_exception(), naming_output(output):
         write_contract_core(prepared, output, key, args.namespace, args.seed)
     print(f"wrote {args.output}: {len(prepared.manifest.graph_handles)} programs of {prepared.contract.served_id}")
     return 0
 
 
 def _encode(args: argparse.Namespace) -> int:
-    check_output_path("OUT", args.out, {"contract FILE": args.file})
+    output = check_output_path("OUT", args.out, {"contract FILE": args.file})
     prepared = _load(args.file)
-    try:
-        Path(args.out).write_bytes(prepared.to_bundle())
-    except OSError as error:
-        raise UsageError(f"cannot write {args.out}: {error.strerror or error}") from None
+    with terminate_as_exception(), naming_output(output):
+        _write_replacing(output, prepared.to_bundle())
     print(f"wrote {args.out}")
     return 0
+
+
+def _write_replacing(output: Path, data: bytes) -> None:
+    """Writes `data` to a temporary file beside `output` and renames it into place: a write that
+    fails (a full disk) or is interrupted (Ctrl-C, SIGTERM) leaves any earlier `output` as it was and
+    no partial file; the OSError reaches `main` (exit 1)."""
+    fd, name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            os.fchmod(handle.fileno(), 0o666 & ~_umask())  # what a plain open would have made, not mkstemp's 0600
+        os.replace(name, output)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -16,6 +16,7 @@ from helios.cli.core_options import (
     add_core_options, aes_key_from_args, check_core_path, check_output_path, key_file_mistakes, load_private_key,
     naming_output, open_core_from_args,
 )
+from helios.cli.termination import terminate_as_exception
 from helios.core.envelope import MAX_SIGNATURES
 from helios.core.inspection import CoreInspection, inspect_core
 from helios.core.keys import SigningKey, check_namespace, write_key_pair
@@ -32,6 +33,8 @@ def _keygen(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise UsageError(f"--namespace: {error}") from None
     output = Path(args.output)
+    if output.is_dir():  # "" and "." too, whose file name is empty: no KEY.pub can be named beside them
+        raise UsageError(f"-o {output} is a directory; name the private key file to write")
     if not output.parent.is_dir():
         raise UsageError(f"-o {output}: the directory {output.parent} does not exist")
     key = SigningKey.generate()
@@ -71,8 +74,9 @@ def _sign(args: argparse.Namespace) -> int:
     _check_signature_count(args, keys)
     if args.output:
         check_output_path("-o", args.output, {"--key file": args.key, "--aes-key file": args.aes_key,
+                                              "public key of --key": [f"{key}.pub" for key in args.key],
                                               "part file of the core": _source_parts(args.core)})
-    with naming_output(args.output or args.core):
+    with terminate_as_exception(), naming_output(args.output or args.core):
         files = add_signatures(
             args.core, args.output or args.core, keys, replace=args.replace,
             aes_key=aes_key_from_args(args),
@@ -171,7 +175,7 @@ def _relocate(args: argparse.Namespace) -> int:
         raise UsageError("--split-bytes must be positive")
     check_core_path(args.core)
     check_output_path("-o", args.output, {"part file of the core": _source_parts(args.core)})
-    with naming_output(args.output):
+    with terminate_as_exception(), naming_output(args.output):
         files = relocate_core(args.core, args.output, split_nbytes=args.split_bytes)
     print(f"wrote {len(files)} file(s): {', '.join(str(f) for f in files)}")
     return 0

@@ -11,10 +11,11 @@ separated by the OS path separator) is used, and with neither the command fails.
 Key files and cores named on the command line are read through the checks here, so an operator's
 mistake is one line, never a hang or an unbounded read: a FIFO nobody writes to reads as empty, a
 device such as /dev/zero or a file larger than any key is refused (`read_key_file`), a core must be a
-regular file (`check_core_path`), and an output path may not name one of the command's inputs
-(`check_output_path`). A key file that cannot be read or is not a key of the kind its option takes is
-the operator's input, so `KeyOptionError`, a usage error (exit 2), although the library calls it a
-`KeyFileError` (a core error, exit 4, for a core that cannot be read).
+regular file (`check_core_path`), and an output path must be a regular file or absent and may not
+name one of the command's inputs (`check_output_path`). A key file that cannot be read or is not a
+key of the kind its option takes is the operator's input, so `KeyOptionError`, a usage error
+(exit 2), although the library calls it a `KeyFileError` (a core error, exit 4, for a core that
+cannot be read).
 """
 
 from __future__ import annotations
@@ -181,7 +182,9 @@ def check_core_path(path: os.PathLike | str) -> None:
 
 
 def check_output_path(option: str, output: os.PathLike | str, inputs: Mapping[str, object]) -> Path:
-    """Refuses, before any work, an output path that is a directory, lies in a missing directory or
+    """Refuses, before any work, an output path that is a directory, lies in a missing directory,
+    is something other than a regular file (a FIFO, a device: the file written beside it and renamed
+    into place would replace /dev/null itself, and opening a FIFO would wait for a reader) or
     names one of the command's inputs (`inputs`: what each is called -> its path or paths), which
     the written file would replace."""
     output = Path(output)
@@ -189,6 +192,8 @@ def check_output_path(option: str, output: os.PathLike | str, inputs: Mapping[st
         raise UsageError(f"{option} {output} is a directory; name the file to write")
     if not output.parent.is_dir():
         raise UsageError(f"{option} {output}: the directory {output.parent} does not exist")
+    if output.exists() and not output.is_file():
+        raise UsageError(f"{option} {output} is not a regular file; name the file to write")
     if output.exists():
         for name, paths in inputs.items():
             for path in paths if isinstance(paths, (list, tuple, set, frozenset)) else [paths]:

@@ -4,8 +4,9 @@ Each command module defines `register(subparsers)`, which adds its subcommands a
 `func(args) -> int` on each. Errors derived from `HeliosError` print one line (control characters
 escaped, `printable_line`) and exit with the class's exit code; an operating-system error (a file
 that cannot be read or written) prints one line and exits 1; output into a pipe whose reader stopped
-(`| head`) ends quietly with status 141, as SIGPIPE would end it; output the locale cannot encode
-is written as backslash escapes; no traceback reaches the user.
+(`| head`) ends quietly with status 141, as SIGPIPE would end it; SIGTERM while a command writes a
+file ends it with one line and status 143, its temporary file removed (`helios.cli.termination`);
+output the locale cannot encode is written as backslash escapes; no traceback reaches the user.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import sys
 
 from helios import __version__
+from helios.cli.termination import Terminated
 from helios.core.errors import MissingAeadKeyError
 from helios.errors import HeliosError
 
@@ -101,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"helios {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated as stop:  # SIGTERM while writing a file (`helios.cli.termination`): its temporary file removed
+        print(f"helios {args.command}: terminated", file=sys.stderr)
+        return stop.exit_code
 
 
 def printable_line(text: str) -> str:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
-import threading
 import time
 import unicodedata
 from pathlib import Path
 
 from helios.cli.core_options import check_output_path, load_private_key, naming_output
+from helios.cli.termination import terminate_as_exception
 from helios.core.keys import check_namespace
 from helios.errors import UsageError
 from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
@@ -113,29 +111,6 @@ def _check_signed_text(args: argparse.Namespace) -> None:
         raise UsageError("--license holds control characters other than newlines and tabs")
 
 
-class _Terminated(BaseException):
-    """SIGTERM during preparation; a BaseException, like KeyboardInterrupt, so that no `except
-    Exception` on the way swallows it and the core writer's abort removes its temporary files."""
-
-
-@contextlib.contextmanager
-def _terminate_as_exception():
-    """SIGTERM raises `_Terminated` (its default action would kill the process and leave the
-    temporary core behind). Only the main thread can install a handler; elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminated(signum, frame):
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _is_input_file(output: Path, checkpoint: Path) -> bool:
     """Whether `output` names a file preparation reads from `checkpoint` (weights, configs, tokenizer,
     template): the finished core would replace it."""
@@ -174,13 +149,9 @@ def run(args: argparse.Namespace) -> int:
     options = PrepareOptions(args.namespace, served_id=args.served_id, dtype=args.dtype, license=args.license,
                              capacities=plan, tensor_parallel=args.tensor_parallel, frontend=tuple(args.frontend))
     started = time.monotonic()
-    try:
-        with _terminate_as_exception(), naming_output(output):
-            written = prepare_core(checkpoint, output, key, options,
-                                   progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-    except _Terminated:
-        print("helios prepare: terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
+    with terminate_as_exception(), naming_output(output):  # SIGTERM: the temporary core removed, exit 143
+        written = prepare_core(checkpoint, output, key, options,
+                               progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     total = sum(info.stored_nbytes for info in written.resources)
     print(f"wrote {', '.join(str(f) for f in written.files)}: {len(written.resources)} resources, "
           f"{total / 1e6:.1f} MB stored, in {time.monotonic() - started:.1f} s")

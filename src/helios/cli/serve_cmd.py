@@ -157,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--api-key (or ${API_KEY_ENV}) must not be empty")
     if args.api_key is not None and not args.api_key.isprintable():  # no header could carry it: every request a 401
         raise UsageError(f"--api-key (or ${API_KEY_ENV}) holds control characters")
+    if args.api_key is not None and args.api_key != args.api_key.strip():  # HTTP parsers strip a header's ends
+        raise UsageError(f"--api-key (or ${API_KEY_ENV}) starts or ends with whitespace, which no request can send")
     if not args.host.strip():  # the socket would listen on every interface: say so with 0.0.0.0 or ::
         raise UsageError("--host must not be empty (0.0.0.0 or :: listens on every interface)")
     if args.core is None and any(_is_core_file(name) for name in names):
