@@ -27,7 +27,6 @@ other controls where they cannot delimit -> `MISPLACED_CONTROL`, dropped.
 from __future__ import annotations
 
 import enum
-import json
 import re
 from dataclasses import dataclass
 
@@ -45,7 +44,7 @@ from helios.frontend.decoding.events import (
 from helios.frontend.parsers.calls import DETAIL_LEN, CallIds
 from helios.frontend.parsers.delimiters import TokenDelimiters, split_feed
 from helios.frontend.parsers.start import FramePosition, FrameStart
-from helios.frontend.parsers.values import ToolRegistry
+from helios.frontend.parsers.values import ToolRegistry, parse_json
 from helios.frontend.decoding.syntax import ChannelSyntax
 
 
@@ -211,8 +210,8 @@ class HarmonyParser:
             (index, name), raw = self._call, "".join(self._arguments).strip()
             self._call, self._arguments = None, []
             try:
-                value = json.loads(raw)
-            except ValueError:
+                value = parse_json(raw)  # strict: NaN and Infinity are no JSON a client reads
+            except (ValueError, RecursionError):  # RecursionError: nesting too deep
                 value = None
             if isinstance(value, dict):
                 out += [ToolCallArguments(index, raw), ToolCallEnd(index, True)]

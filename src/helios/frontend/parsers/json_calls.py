@@ -19,7 +19,6 @@ there with `UNTERMINATED_CALL` (calls then end with ``complete=False``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from helios.frontend.decoding.events import (
@@ -35,9 +34,10 @@ from helios.frontend.decoding.events import (
 from helios.frontend.parsers.calls import DETAIL_LEN, CallIds
 from helios.frontend.parsers.start import AnswerMode
 from helios.frontend.parsers.tool_grammar import NameRule
+from helios.frontend.parsers.values import STRICT_JSON, dump_json, parse_json
 from helios.frontend.decoding.syntax import JsonCallSyntax
 
-_DECODER = json.JSONDecoder()
+_DECODER = STRICT_JSON  # NaN, Infinity and 1e999 are not JSON: such a block is malformed
 _SEPARATORS = " \t\r\n,;"
 _JSON_STARTS = "{["
 
@@ -49,7 +49,7 @@ class MalformedCalls(ValueError):
 @dataclass(frozen=True)
 class ParsedCall:
     name: str
-    arguments: dict
+    arguments: str  # the arguments object as JSON text
 
 
 def parse_block(body: str, syntax: JsonCallSyntax) -> list[ParsedCall]:
@@ -64,7 +64,7 @@ def _object_calls(body: str, syntax: JsonCallSyntax) -> list[ParsedCall]:
     while at < len(body):
         try:
             value, at = _DECODER.raw_decode(body, at)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             raise MalformedCalls(f"not JSON at {at}: {error}") from None
         for item in value if isinstance(value, list) else [value]:
             calls.append(_object_call(item, syntax))
@@ -80,12 +80,19 @@ def _object_call(item: object, syntax: JsonCallSyntax) -> ParsedCall:
     arguments = item.get(syntax.arguments_key, {})
     if isinstance(arguments, str):  # some models write the arguments object as a JSON string
         try:
-            arguments = json.loads(arguments)
-        except ValueError:
+            arguments = parse_json(arguments)
+        except (ValueError, RecursionError):
             raise MalformedCalls(f"{syntax.arguments_key!r} is not a JSON object") from None
     if not isinstance(arguments, dict):
         raise MalformedCalls(f"{syntax.arguments_key!r} is not a JSON object")
-    return ParsedCall(item[syntax.name_key], arguments)
+    return ParsedCall(item[syntax.name_key], _arguments_text(arguments))
+
+
+def _arguments_text(arguments: dict) -> str:
+    try:
+        return dump_json(arguments)
+    except RecursionError:
+        raise MalformedCalls("arguments nested too deeply") from None
 
 
 def _named_calls(body: str, syntax: JsonCallSyntax) -> list[ParsedCall]:
@@ -99,13 +106,13 @@ def _named_calls(body: str, syntax: JsonCallSyntax) -> list[ParsedCall]:
         at = _expect(body, _skip(body, at, " \t\r\n"), syntax.arguments_open)
         try:
             arguments, at = _DECODER.raw_decode(body, _skip(body, at, " \t\r\n"))
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             raise MalformedCalls(f"arguments of {name!r} are not JSON: {error}") from None
         if not isinstance(arguments, dict) or not name:
             raise MalformedCalls(f"call {name!r} has no JSON object arguments")
         at = _expect(body, _skip(body, at, " \t\r\n"), syntax.arguments_close.strip())
         at = _skip(body, _expect(body, _skip(body, at, " \t\r\n"), syntax.invoke_close), " \t\r\n")
-        calls.append(ParsedCall(name, arguments))
+        calls.append(ParsedCall(name, _arguments_text(arguments)))
     if not calls:
         raise MalformedCalls("no call in the block")
     return calls
@@ -141,14 +148,14 @@ class JsonCallParser:
         self._syntax, self._names, self._ids, self._answer = syntax, names, ids, answer
         self._held = ""  # undecided answer text (a possible opener prefix, trailing whitespace)
         self._block: list[str] | None = None  # body text of an open block
+        self._block_tail = ""  # the body's last len(closer) - 1 characters: where a closer may start
         self._opaque = False  # a structured answer started: everything is answer text
         self._lead = ""  # whitespace between the answer and the open block's opener
         self._seen_text = False
 
     def feed(self, token_id: int, text: str) -> list[Event]:
         if self._block is not None:
-            self._block.append(text)
-            return self._close_block_if_done()
+            return self._block_text(text)
         return self._content(self._held + text)
 
     def finish(self) -> list[Event]:
@@ -173,9 +180,9 @@ class JsonCallParser:
             if self._answer is AnswerMode.STRUCTURED and before.strip():
                 return self._to_opaque(text)
             answer = before.rstrip()
-            self._lead, self._held, self._block = before[len(answer):], "", [after]
+            self._lead, self._held = before[len(answer):], ""
             events = [ContentDelta(answer)] if answer else []
-            return events + self._close_block_if_done()
+            return events + self._open_block(after)
         if self._answer is AnswerMode.STRUCTURED and text.strip() and not opener.startswith(text.lstrip()[:len(opener)]):
             return self._to_opaque(text)
         partial = _partial_suffix_len(text, opener)
@@ -192,22 +199,31 @@ class JsonCallParser:
             return []
         if self._answer is AnswerMode.STRUCTURED or stripped[0] not in _JSON_STARTS:
             return self._to_opaque(text)
-        self._lead, self._held, self._block = "", "", [text]
-        return []
+        self._lead, self._held = "", ""
+        return self._open_block(text)
 
     def _to_opaque(self, text: str) -> list[Event]:
         self._opaque, self._held = True, ""
         return [ContentDelta(text)] if text else []
 
-    def _close_block_if_done(self) -> list[Event]:
+    def _open_block(self, text: str) -> list[Event]:
+        self._block, self._block_tail = [], ""
+        return self._block_text(text)
+
+    def _block_text(self, text: str) -> list[Event]:
+        """Adds body text to the open block and ends the block at its closer. Only the text where
+        a closer may start is searched, so a long block streamed in small pieces costs linear time."""
+        self._block.append(text)
         closer = self._syntax.block_close
         if not closer:
             return []
-        body = "".join(self._block)
-        at = body.find(closer)
+        window = self._block_tail + text
+        at = window.find(closer)
         if at < 0:
-            self._block = [body]
+            self._block_tail = window[max(0, len(window) - len(closer) + 1) :]
             return []
+        body = "".join(self._block)
+        at += len(body) - len(window)
         self._block = None
         events = self._emit_block(body[:at], closer, unterminated=False)
         rest = body[at + len(closer):]
@@ -238,7 +254,7 @@ class JsonCallParser:
             index, call_id = self._ids.allocate()
             events += [
                 ToolCallStart(index, call_id, call.name),
-                ToolCallArguments(index, json.dumps(call.arguments, ensure_ascii=False)),
+                ToolCallArguments(index, call.arguments),
                 ToolCallEnd(index, not unterminated),
             ]
         if unterminated:

@@ -268,10 +268,12 @@ class TagToolParser:
 
     def _end_inline_name(self, out: list[Event], label: str, tag_text: str) -> None:
         name_text = "".join(self._name)
-        if label == "sep" and not name_text.strip():
-            self._name.append(tag_text)  # a separator before the name is leading whitespace
-            return
         self._name = []
+        if label == "sep" and not name_text.strip():
+            # a separator before the name: leading whitespace, block text before the invocation
+            # (kept out of the name, so that a run of separators is not joined again at each one)
+            self._raw.append(name_text + tag_text)
+            return
         if label == "sep":
             name_text += tag_text
         else:  # the key or closer tag belongs to the invocation: scan it again there

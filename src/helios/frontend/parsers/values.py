@@ -187,8 +187,15 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _parse_json(text: str) -> Any:
-    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+# Strict JSON: no NaN/Infinity constants and no number beyond the float range (1e999), which JSON
+# cannot spell; `json.dumps` would write them as `NaN`/`Infinity`, text no client's JSON parser reads.
+# Decoding (and dumping) deep nesting raises RecursionError, which callers treat as not JSON.
+STRICT_JSON = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def parse_json(text: str) -> Any:
+    """The value of a strict JSON text (`STRICT_JSON`); ValueError or RecursionError otherwise."""
+    return STRICT_JSON.decode(text)
 
 
 def _try_kind(kind: ValueKind, text: str) -> tuple[bool, Any]:
@@ -196,21 +203,30 @@ def _try_kind(kind: ValueKind, text: str) -> tuple[bool, Any]:
         if kind is ValueKind.INTEGER:
             return (True, int(text)) if _INTEGER.match(text) else (False, None)
         if kind is ValueKind.NUMBER:
-            value = _parse_json(text)
+            value = parse_json(text)
             return isinstance(value, (int, float)) and not isinstance(value, bool), value
         if kind is ValueKind.BOOLEAN:
             lowered = text.lower()
             return (lowered in ("true", "false"), lowered == "true")
         if kind is ValueKind.NULL:
             return (text in ("null", "None"), None)
-        value = _parse_json(text)
+        value = parse_json(text)
         return isinstance(value, dict if kind is ValueKind.OBJECT else list), value
     except (ValueError, RecursionError):
         return False, None
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dump_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    """JSON text with non-ASCII characters unescaped, except lone surrogates (a model's JSON may
+    escape one, ``"\\ud800"``): they stay escaped, since text holding one cannot be sent as UTF-8.
+    RecursionError on nesting too deep to write."""
+    text = json.dumps(value, ensure_ascii=False)
+    if text.isascii() or not _LONE_SURROGATE.search(text):
+        return text
+    return _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 
 def typed_value(raw: str, kinds: frozenset[ValueKind]) -> TypedValue:
@@ -229,6 +245,6 @@ def typed_value(raw: str, kinds: frozenset[ValueKind]) -> TypedValue:
 def json_value(raw: str) -> TypedValue:
     """JSON text for a value declared to be JSON (any type); the raw string when it is not JSON."""
     try:
-        return TypedValue(dump_json(_parse_json(raw.strip())), True)
+        return TypedValue(dump_json(parse_json(raw.strip())), True)
     except (ValueError, RecursionError):
         return TypedValue(dump_json(raw), False)
