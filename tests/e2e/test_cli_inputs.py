@@ -18,21 +18,7 @@ import pytest
 from core.builders import NAMESPACE, build_core, random_bytes
 from helios.cli.main import build_parser, main
 from helios.core.keys import SigningKey, load_signing_key, write_key_pair
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as done:  # argparse's own usage errors
-        code = done.code
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return code, out, err
-
-
-def one_line(err: str) -> str:
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    return err
+from support.cli_runs import one_line, run_cli as run
 
 
 @pytest.fixture(scope="module")

@@ -19,23 +19,14 @@ import pytest
 from core.builders import NAMESPACE, build_core, random_bytes
 from helios.cli.main import main
 from helios.core.keys import SigningKey, load_signing_key, write_key_pair
+from support.cli_runs import one_line, run_cli
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "contract-tiny.json"
 
 
 def run(capsys, *argv) -> tuple[int, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as done:
-        code = done.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
+    code, _, err = run_cli(capsys, *argv)
     return code, err
-
-
-def one_line(err: str) -> str:
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    return err
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from helios.cli.main import main
+from support.cli_runs import one_line, run_cli
 from support.server_core import CONTEXT_TOKENS, tiny_core
 
 
@@ -28,13 +29,8 @@ def no_load(monkeypatch):
 
 
 def run(capsys, *argv) -> tuple[int, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as done:
-        code = done.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and err.count("\n") == 1 and err.endswith("\n"), err
-    return code, err
+    code, _, err = run_cli(capsys, *argv)
+    return code, one_line(err)
 
 
 def generate(core, *argv):
