@@ -9,17 +9,7 @@
 set -uo pipefail
 out=${OUT:-device-out}
 mkdir -p "$out"
-wheels=${WHEELS:-.whl}  # the wheels' folder (carried)
-if compgen -G "$wheels/*.whl" >/dev/null && [ ! -d /tmp/site ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl || exit 1
-fi
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-src=$PWD/src
-if [ -f .anchor/src.tgz ]; then  # a commit's src (`git archive --format=tar.gz HEAD src`), whatever the working tree holds
-  rm -rf /tmp/new && mkdir -p /tmp/new && tar -xzf .anchor/src.tgz -C /tmp/new || exit 1
-  src=/tmp/new/src
-fi
-export PYTHONPATH=$src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+source bench/device_env.sh  # the wheels, `src` and PYTHONPATH
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 timeout 570 python3 bench/anchor_compare.py --anchor .anchor/compiled_anchor.py --layers "${LAYERS:-32}" \
   --anchor-timeout 270 --json "$out/anchor_compare.json" \

@@ -14,17 +14,8 @@ set -uo pipefail
 out=${OUT:-device-out}
 layers=${LAYERS:-32}
 mkdir -p "$out"
-wheels=${WHEELS:-.whl}  # the wheels' folder (carried)
-if compgen -G "$wheels/*.whl" >/dev/null && [ ! -d /tmp/site ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl || exit 1
-fi
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-src=$PWD/src
-if [ -f .anchor/src.tgz ]; then
-  rm -rf /tmp/new && mkdir -p /tmp/new && tar -xzf .anchor/src.tgz -C /tmp/new || exit 1
-  src=/tmp/new/src
-fi
-export PYTHONPATH=$src:$PWD/bench:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+source bench/device_env.sh  # the wheels, `src` and PYTHONPATH
+export PYTHONPATH=$PWD/bench:$PYTHONPATH
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 trees=(--tree "$src")
 if [ -f .anchor/old.patch ]; then
