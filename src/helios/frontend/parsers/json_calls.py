@@ -146,7 +146,12 @@ class JsonCallParser:
     def __init__(self, syntax: JsonCallSyntax, names: NameRule, ids: CallIds,
                  answer: AnswerMode = AnswerMode.FREE):
         self._syntax, self._names, self._ids, self._answer = syntax, names, ids, answer
-        self._held = ""  # undecided answer text (a possible opener prefix, trailing whitespace)
+        # Undecided answer text (trailing whitespace, a possible opener prefix) is `_held_ws` then
+        # `_held`. `_held_ws` is known to be whitespace and is joined only once decided; `_held` is the
+        # last len(opener) - 1 held characters (all of them while `_held_ws` is empty), all a feed
+        # needs to find an opener split across feeds. So held whitespace is never scanned again.
+        self._held = ""
+        self._held_ws: list[str] = []
         self._block: list[str] | None = None  # body text of an open block
         self._block_tail = ""  # the body's last len(closer) - 1 characters: where a closer may start
         self._opaque = False  # a structured answer started: everything is answer text
@@ -156,7 +161,7 @@ class JsonCallParser:
     def feed(self, token_id: int, text: str) -> list[Event]:
         if self._block is not None:
             return self._block_text(text)
-        return self._content(self._held + text)
+        return self._content(text)
 
     def finish(self) -> list[Event]:
         if self._block is not None:
@@ -164,13 +169,18 @@ class JsonCallParser:
             body = "".join(self._block)
             self._block = None
             return self._emit_block(body, "", unterminated)
-        held, self._held = self._held, ""
+        held = self._take_held_ws() + self._held
+        self._held = ""
         return [ContentDelta(held)] if held else []
 
-    def _content(self, text: str) -> list[Event]:
+    def _content(self, new: str) -> list[Event]:
+        """Decides answer text. ``text`` below is `_held` and the new text; the whole undecided text
+        is `_held_ws` (whitespace) then ``text``, so what follows reads it as if it were whole:
+        ``text`` holds any opener that ends in the new text and any opener prefix at the end, and
+        stripping whitespace from the whole is stripping it from ``text`` (plus `_held_ws`)."""
+        text, self._held = self._held + new, ""
         opener = self._syntax.block_open
         if self._opaque:
-            self._held = ""
             return [ContentDelta(text)] if text else []
         if not opener:
             return self._answer_start(text)
@@ -178,32 +188,48 @@ class JsonCallParser:
         if at >= 0:
             before, after = text[:at], text[at + len(opener):]
             if self._answer is AnswerMode.STRUCTURED and before.strip():
-                return self._to_opaque(text)
+                return self._to_opaque(self._take_held_ws() + text)
             answer = before.rstrip()
-            self._lead, self._held = before[len(answer):], ""
+            lead = before[len(answer):]  # whitespace before an opener is its lead
+            if answer:
+                answer = self._take_held_ws() + answer
+            else:
+                lead = self._take_held_ws() + lead
+            self._lead = lead
             events = [ContentDelta(answer)] if answer else []
             return events + self._open_block(after)
         if self._answer is AnswerMode.STRUCTURED and text.strip() and not opener.startswith(text.lstrip()[:len(opener)]):
-            return self._to_opaque(text)
+            return self._to_opaque(self._take_held_ws() + text)
         partial = _partial_suffix_len(text, opener)
-        rest = text[: len(text) - partial]
-        keep = partial + len(rest) - len(rest.rstrip())  # whitespace before an opener is its lead
-        released, self._held = text[: len(text) - keep], text[len(text) - keep:]
+        answer_len = len(text[: len(text) - partial].rstrip())
+        released = self._take_held_ws() + text[:answer_len] if answer_len else ""
+        # text[answer_len:] is held: whitespace, then the opener prefix (at most len(opener) - 1)
+        split = max(answer_len, len(text) - len(opener) + 1)
+        if split > answer_len:
+            self._held_ws.append(text[answer_len:split])
+        self._held = text[split:]
         return [ContentDelta(released)] if released else []
 
     def _answer_start(self, text: str) -> list[Event]:
         """No opener: the answer is a block when its first non-whitespace character starts JSON."""
         stripped = text.lstrip()
         if not stripped:
-            self._held = text
+            if text:
+                self._held_ws.append(text)
             return []
+        text = self._take_held_ws() + text
         if self._answer is AnswerMode.STRUCTURED or stripped[0] not in _JSON_STARTS:
             return self._to_opaque(text)
-        self._lead, self._held = "", ""
+        self._lead = ""
         return self._open_block(text)
 
+    def _take_held_ws(self) -> str:
+        held, self._held_ws = "".join(self._held_ws), []
+        return held
+
     def _to_opaque(self, text: str) -> list[Event]:
-        self._opaque, self._held = True, ""
+        """``text`` is the whole undecided text (callers have taken `_held_ws`)."""
+        self._opaque = True
         return [ContentDelta(text)] if text else []
 
     def _open_block(self, text: str) -> list[Event]:

@@ -82,7 +82,10 @@ class TagToolParser:
         }
         self._state = _S.CONTENT
         self._buf = ""
-        self._pending_ws = ""  # answer whitespace that may turn out to be block wrapping
+        # Answer whitespace that may turn out to be block wrapping, joined only once decided: after a
+        # block, a run of any length (each part is whitespace, so it is never scanned again);
+        # elsewhere at most len(block_lead) characters.
+        self._pending_ws: list[str] = []
         self._after_block = False
         self._raw: list[str] = []  # block text before its first started call (raw if rejected)
         self._stray: list[str] = []
@@ -127,7 +130,7 @@ class TagToolParser:
             return False
         if self._state is _S.CONTENT and self._answer_begins(final):
             self._state = _S.OPAQUE
-            self._buf, self._pending_ws = self._pending_ws + self._buf, ""
+            self._buf = self._take_pending() + self._buf
             return True
         if self._state is _S.CLOSING:
             return self._closing_step(out, final)
@@ -179,14 +182,14 @@ class TagToolParser:
         if self._stray_mode is StrayText.ERROR:
             self._stray.append(text)
             return
-        text = self._pending_ws + text
         if self._after_block:
-            if not text.strip():
-                self._pending_ws = text
+            if not text.strip():  # what is pending after a block is whitespace too
+                self._pending_ws.append(text)
                 return
             self._after_block = False
+        text = self._take_pending() + text
         hold = held_tail_len(text, self._g.block_lead)
-        self._pending_ws = text[len(text) - hold :]
+        self._pending_ws = [text[len(text) - hold :]] if hold else []
         if hold < len(text):
             out.append(ContentDelta(text[: len(text) - hold]))
 
@@ -243,7 +246,7 @@ class TagToolParser:
         if self._stray_mode is StrayText.ERROR:
             self._flush_stray(out)
         else:
-            pending, self._pending_ws = self._pending_ws, ""
+            pending = self._take_pending()
             cut = len(pending) if self._after_block else strip_tail_len(pending, self._g.block_lead)
             if cut < len(pending):
                 out.append(ContentDelta(pending[: len(pending) - cut]))
@@ -351,6 +354,10 @@ class TagToolParser:
 
     # Output helpers.
 
+    def _take_pending(self) -> str:
+        pending, self._pending_ws = "".join(self._pending_ws), []
+        return pending
+
     def _markup(self, out: list[Event], text: str) -> None:
         if text:
             out.append(MarkupDropped(text))
@@ -376,7 +383,7 @@ class TagToolParser:
     def _finish_state(self, out: list[Event]) -> None:
         state = self._state
         if state is _S.CONTENT:
-            pending, self._pending_ws = self._pending_ws, ""
+            pending = self._take_pending()
             if self._after_block or self._stray_mode is StrayText.ERROR:
                 self._markup(out, pending)
             elif pending:

@@ -59,6 +59,9 @@ class ThinkTagParser:
         self._reasoning_tags = TagSet(in_text) if in_text else None
         self._open_in_text = not delimiters.is_single_token(syntax.open)
         self._buf = ""
+        # While reasoning may open: the leading whitespace, moved out of `_buf` as it arrives and
+        # joined once decided, so a long run of it is not scanned again on every feed.
+        self._lead_ws: list[str] = []
         self._state = _S.BEFORE
         self._reasoning = WrappedText()
         self._answer = WrappedText()
@@ -81,7 +84,7 @@ class ThinkTagParser:
         out: list[Event] = []
         self._run(out, final=True)
         if self._state is _S.BEFORE:
-            self._answer_text(out, self._buf)
+            self._answer_text(out, self._take_lead_ws() + self._buf)
         elif self._state is _S.REASONING:
             self._emit_reasoning(out, self._reasoning.close())
         else:
@@ -109,21 +112,30 @@ class ThinkTagParser:
             self._buf = ""
 
     def _before(self, out: list[Event], final: bool) -> None:
-        """Leading whitespace waits: it is dropped if reasoning opens, answer text otherwise."""
+        """Leading whitespace waits (in `_lead_ws`): it is dropped if reasoning opens, answer text
+        otherwise."""
         rest = self._buf.lstrip()
+        if len(rest) < len(self._buf):
+            self._lead_ws.append(self._buf[: len(self._buf) - len(rest)])
+            self._buf = rest
         if not rest:
             return
         opener = self._syntax.open
         if self._open_in_text:
             if rest.startswith(opener):
-                self._markup(out, self._buf[: len(self._buf) - len(rest) + len(opener)])
+                self._markup(out, self._take_lead_ws() + opener)
                 self._buf = rest[len(opener) :]
                 self._open_reasoning()
                 return
             if opener.startswith(rest) and not final:
                 return
+        self._buf = self._take_lead_ws() + self._buf
         self._state = _S.ANSWER
         self._answer = WrappedText()
+
+    def _take_lead_ws(self) -> str:
+        lead, self._lead_ws = "".join(self._lead_ws), []
+        return lead
 
     def _in_reasoning(self, out: list[Event], final: bool) -> None:
         while self._buf:
@@ -153,7 +165,7 @@ class ThinkTagParser:
                 self._to_answer(out)
             self._answer_text(out, delimiter)
         elif delimiter == syntax.open and state is _S.BEFORE:
-            self._markup(out, self._buf + markup)
+            self._markup(out, self._take_lead_ws() + self._buf + markup)
             self._buf = ""
             self._open_reasoning()
         elif delimiter == syntax.close and state is not _S.ANSWER:
@@ -167,7 +179,7 @@ class ThinkTagParser:
     def _to_answer(self, out: list[Event]) -> None:
         self._state = _S.ANSWER
         self._answer = WrappedText()
-        self._answer_text(out, self._buf)
+        self._answer_text(out, self._take_lead_ws() + self._buf)
         self._buf = ""
 
     def _answer_text(self, out: list[Event], text: str) -> None:
