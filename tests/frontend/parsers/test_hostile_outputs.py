@@ -105,3 +105,14 @@ def test_long_outputs_fed_one_character_at_a_time_parse_whole(name, text):
     a 2-core machine, 0.5-1 s now (measured, not asserted: no timing assertions in tests)."""
     result = parse(name, text)
     assert [call.name for call in result.tool_calls] == ["get_weather"] and not result.errors
+
+
+@pytest.mark.parametrize("name, text", [
+    ("llama", '{"name": "get_weather", "arguments": {"city": "Paris"}}'),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n</tool_call>'),
+])
+def test_arguments_under_the_other_common_key_are_kept(name, text):
+    """Llama's syntax reads "parameters" and Hermes' "arguments"; a call written with the other key
+    was a call with empty arguments, its arguments silently dropped."""
+    (call,) = parse(name, text, size=3).tool_calls
+    assert strict_json(call.arguments) == {"city": "Paris"}

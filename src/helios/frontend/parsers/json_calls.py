@@ -40,6 +40,9 @@ from helios.frontend.decoding.syntax import JsonCallSyntax
 _DECODER = STRICT_JSON  # NaN, Infinity and 1e999 are not JSON: such a block is malformed
 _SEPARATORS = " \t\r\n,;"
 _JSON_STARTS = "{["
+# A call object's arguments under the other of the two spellings models use (Llama 3's template asks
+# for "parameters", fine-tunes of it write "arguments", and the reverse): read, not silently dropped.
+_ARGUMENTS_ALIASES = {"parameters": "arguments", "arguments": "parameters"}
 
 
 class MalformedCalls(ValueError):
@@ -77,14 +80,17 @@ def _object_calls(body: str, syntax: JsonCallSyntax) -> list[ParsedCall]:
 def _object_call(item: object, syntax: JsonCallSyntax) -> ParsedCall:
     if not isinstance(item, dict) or not isinstance(item.get(syntax.name_key), str):
         raise MalformedCalls(f"a call is an object with a string {syntax.name_key!r}")
-    arguments = item.get(syntax.arguments_key, {})
+    key = syntax.arguments_key
+    if key not in item and _ARGUMENTS_ALIASES.get(key) in item:  # the other common spelling: not dropped
+        key = _ARGUMENTS_ALIASES[key]
+    arguments = item.get(key, {})
     if isinstance(arguments, str):  # some models write the arguments object as a JSON string
         try:
             arguments = parse_json(arguments)
         except (ValueError, RecursionError):
-            raise MalformedCalls(f"{syntax.arguments_key!r} is not a JSON object") from None
+            raise MalformedCalls(f"{key!r} is not a JSON object") from None
     if not isinstance(arguments, dict):
-        raise MalformedCalls(f"{syntax.arguments_key!r} is not a JSON object")
+        raise MalformedCalls(f"{key!r} is not a JSON object")
     return ParsedCall(item[syntax.name_key], _arguments_text(arguments))
 
 
