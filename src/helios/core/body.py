@@ -151,6 +151,10 @@ def _entries(core_format: CoreFormat, message: Message) -> tuple[ResourceEntry, 
     entries = tuple(make(item, f"{path}[{i}]") for i, item in enumerate(items))
     if len({e.id for e in entries}) != len(entries):
         raise MalformedCoreError(f"{path}: resource ids are not unique")
+    # Chunk i of every resource is sealed under prefix || i: a shared prefix reuses AES-GCM nonces
+    # under one key, which exposes the plaintexts' XOR and lets anyone forge chunks that authenticate.
+    if core_format.is_sealed and len({e.nonce_prefix for e in entries}) != len(entries):
+        raise MalformedCoreError(f"{path}: nonce prefixes are not unique")
     return entries
 
 

@@ -136,8 +136,12 @@ class RangeFile:
         return cls(fd, offset, nbytes, str(path))
 
     def read_at(self, position: int, nbytes: int) -> bytes:
-        """Exactly `nbytes` from `position` within the range; a short file is a LocationError."""
-        data = os.pread(self.fd, nbytes, self.offset + position)
+        """Exactly `nbytes` from `position` within the range; a short or unreadable file is a
+        LocationError."""
+        try:
+            data = os.pread(self.fd, nbytes, self.offset + position)
+        except OSError as error:  # EIO, or a part replaced by a directory after it was placed
+            raise LocationError(f"cannot read {self.name}: {error.strerror}") from None
         if len(data) != nbytes:
             raise LocationError(f"{self.name} ends before the stored range it must hold")
         return data

@@ -14,6 +14,7 @@ before any stored byte is read.
 from __future__ import annotations
 
 import os
+import stat
 from collections import defaultdict
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -82,10 +83,13 @@ def resolve_locations(
         if name == core_path.name:
             raise LocationError(f"sibling file {name!r} is the core file itself")
         try:
-            size = os.stat(core_path.parent / name).st_size
+            status = os.stat(core_path.parent / name)
         except OSError as error:
             raise LocationError(f"sibling file {name!r}: {error.strerror}") from None
-        _check_tiling(name, ranges, 0, size)
+        # A directory's st_size (4096 on ext4) can equal a part's length; only a file holds one.
+        if not stat.S_ISREG(status.st_mode):
+            raise LocationError(f"sibling file {name!r} is not a regular file")
+        _check_tiling(name, ranges, 0, status.st_size)
     return placed
 
 

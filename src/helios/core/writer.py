@@ -226,6 +226,8 @@ class CoreWriter:
             finally:
                 for future in ahead.values():
                     future.cancel()
+            if self._format.is_sealed and len({entry.nonce_prefix for entry in entries}) != len(entries):
+                raise ValueError("nonce_prefix_for gave two resources the same prefix (readers refuse reused nonces)")
             payload = encode_payload(
                 self._format, self._contract, self._publisher, entries, self._rebuild,
                 self._catalogs,
