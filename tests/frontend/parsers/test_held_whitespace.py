@@ -92,7 +92,7 @@ def parse_case(case: Case, ws: str, size: int, rng: random.Random | None = None)
 
 @pytest.mark.parametrize("name", CASES)
 def test_long_whitespace_fed_one_character_at_a_time(name):
-    ws = spaces(400_000)
+    ws = spaces(100_000)
     assert parse_case(CASES[name], ws, 1) == parse_case(CASES[name], ws, 10**6)
 
 

@@ -95,9 +95,9 @@ def test_escaped_lone_surrogates_stay_escaped(name, text):
 
 
 @pytest.mark.parametrize("name, text", [
-    ("hermes", CALLS["hermes"].replace("ARGS", '{"city": "' + "x" * 400_000 + '"}')),
-    ("deepseek-v3", CALLS["deepseek-v3"].replace("ARGS", '{"city": "' + "x" * 400_000 + '"}')),
-    ("glm", "<tool_call>" + "\n" * 200_000 + "get_weather\n<arg_key>city</arg_key><arg_value>P</arg_value></tool_call>"),
+    ("hermes", CALLS["hermes"].replace("ARGS", '{"city": "' + "x" * 100_000 + '"}')),
+    ("deepseek-v3", CALLS["deepseek-v3"].replace("ARGS", '{"city": "' + "x" * 100_000 + '"}')),
+    ("glm", "<tool_call>" + "\n" * 50_000 + "get_weather\n<arg_key>city</arg_key><arg_value>P</arg_value></tool_call>"),
 ])
 def test_long_outputs_fed_one_character_at_a_time_parse_whole(name, text):
     """A JSON call block was joined and searched for its closer on every feed, and GLM's newlines
