@@ -11,7 +11,8 @@ first and answers such a schema with a 400; the bounds below are set so that rea
 Measured on a 2-core machine, llguidance 1.9: cheap whatever their size within the 64 KiB schema
 bound, hence unbounded here, are long enums, ``minLength``/``maxLength``/``minItems``/``maxItems``
 of any size, number bounds, ref chains within `MAX_REF_DEPTH` and ``allOf`` of many objects. Number
-bounds and ``multipleOf`` values llguidance reads inexactly are refused here too (`number_error`).
+bounds and ``multipleOf`` values llguidance reads inexactly are refused here too (`number_error`), as
+are number ranges it writes wrongly (`grammar_bounds`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Iterator
 
 from helios.errors import RequestError
 from helios.frontend.parsers.schema_refs import SchemaDocument
+from helios.frontend.structured.grammar_bounds import exclusive_bound_error
 
 # Schema shapes llguidance's JSON compiler checks without fuel, in time that grows much faster than
 # the schema (a 60 kB schema held a worker for minutes), so `LIMITS` cannot bound them and the check
@@ -110,7 +112,7 @@ def schema_shape_error(source: str) -> str:
     if _RefDepth(document).depth(schema) is None:
         return (f"a schema nested more than {MAX_REF_DEPTH} levels deep through its $refs: at most "
                 f"{MAX_REF_DEPTH} can be compiled safely")
-    return ""
+    return exclusive_bound_error(schema, document)  # within MAX_REF_DEPTH: the walk's recursion is bounded
 
 
 def number_error(node: dict, path: str = "") -> str:
