@@ -14,7 +14,8 @@ Every failure is an `ImageRejected` (HTTP 400) naming the problem: a remote URL 
 off, a failed fetch, an internal host, a malformed data URL or base64 payload (whitespace, URL-safe
 characters and missing padding named as such), a media type that is not an image, more bytes or
 pixels than the limits (a decompression bomb whose header declares billions of pixels included),
-bytes that are not an image (another format is named), a corrupt or truncated PNG, JPEG, WebP or GIF.
+a JPEG of more than `MAX_JPEG_SCANS` scans (each costs a pass over the whole image), bytes that
+are not an image (another format is named), a corrupt or truncated PNG, JPEG, WebP or GIF.
 URL schemes are case-insensitive; errors quote at most a clip of the client's text. The image's
 content hash (SHA-256 of the decoded bytes) keys its vision features in the prefix cache.
 """
@@ -45,6 +46,12 @@ MEDIA_TYPES = frozenset({*FORMATS.values(), "image/jpg"})
 _DATA_URL = re.compile(r"^data:(?P<media>[A-Za-z0-9.+/-]*)(?P<params>(;[^;,]*)*?)(?P<b64>;base64)?,(?P<data>.*)$",
                        re.DOTALL | re.IGNORECASE)
 _NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
+# Scans a JPEG may have. libjpeg decodes every scan of a progressive JPEG over the whole coefficient
+# buffer, and a scan of one EOB run is a few dozen bytes: a 2 MiB JPEG of 60,000 empty scans over
+# 4096x4096 pixels took a minute of CPU (past the preparation timeout, holding its slot). Encoders
+# write about 10 (libjpeg's and mozjpeg's progressions); 100 scans of a 4096x4096 image decode in
+# about a second.
+MAX_JPEG_SCANS = 100
 # Leading bytes of the accepted formats, and of others a client may send by mistake (named in the error).
 _SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF8", "GIF"), (b"BM", "BMP"),
                (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"%PDF", "PDF"), (b"\x00\x00\x01\x00", "ICO"))
@@ -260,19 +267,47 @@ def decode_image(data: bytes, limits: ImageLimits) -> DecodedImage:
         image = Image.open(io.BytesIO(data), formats=list(FORMATS))
     except Image.DecompressionBombError as error:  # PIL's own bound: a header declaring billions of pixels
         pixels = re.search(r"\((\d+) pixels\)", str(error))
+        # PIL refuses past twice its MAX_IMAGE_PIXELS, below a --max-image-pixels set higher than that
+        accepted = limits.max_pixels if Image.MAX_IMAGE_PIXELS is None else min(limits.max_pixels,
+                                                                                2 * Image.MAX_IMAGE_PIXELS)
         raise ImageRejected(f"image has {pixels.group(1) if pixels else 'too many'} pixels; at most "
-                            f"{limits.max_pixels} are accepted") from None
+                            f"{accepted} are accepted") from None
     except UnidentifiedImageError:
         raise ImageRejected(_unidentified(data)) from None
     except (OSError, ValueError, SyntaxError) as error:
         raise ImageRejected(f"image data cannot be read: {_clipped(str(error))}") from None
     if image.width * image.height > limits.max_pixels:
         raise ImageRejected(f"image has {image.width}x{image.height} pixels; at most {limits.max_pixels} are accepted")
+    if image.format in ("JPEG", "MPO") and _jpeg_scan_count(data) > MAX_JPEG_SCANS:
+        raise ImageRejected(f"JPEG image has more than {MAX_JPEG_SCANS} scans (a progressive JPEG has about 10)")
     try:
         image.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise ImageRejected(f"image data is truncated or corrupt: {_clipped(str(error))}") from None
     return DecodedImage(image, hashlib.sha256(data).hexdigest())
+
+
+def _jpeg_scan_count(data: bytes) -> int:
+    """The scans (SOS markers) of the JPEG stream `data` starts with, counted up to its EOI or to one
+    past `MAX_JPEG_SCANS`: marker segments are skipped by their length, entropy-coded data up to its
+    next marker (0xFF followed by 0x00 is a stuffed data byte, 0xFFD0-D7 a restart marker). An
+    embedded thumbnail's scans lie inside an APPn segment and are not counted."""
+    count, pos, end = 0, 2, len(data)
+    while count <= MAX_JPEG_SCANS:
+        pos = data.find(b"\xff", pos)
+        if pos < 0 or pos + 1 >= end:
+            break
+        marker = data[pos + 1]
+        if marker == 0xFF:  # a fill byte before the marker
+            pos += 1
+        elif marker in (0x00, 0x01) or 0xD0 <= marker <= 0xD7:  # stuffing, TEM, restart: no length
+            pos += 2
+        elif marker == 0xD9:  # EOI: the first frame's end (an MPO's next frames follow)
+            break
+        else:
+            count += marker == 0xDA
+            pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+    return count
 
 
 def _unidentified(data: bytes) -> str:
