@@ -103,3 +103,16 @@ def test_the_refusal_is_a_400_naming_the_request_field(served):
     with pytest.raises(GrammarError, match="tool 'f' parameters: .*exclusiveMinimum 0") as caught:
         case.model.prepare_chat(chat(case, tools=[tool(schema)], tool_choice="required"))
     assert (caught.value.http_status, caught.value.param) == (400, "tools[0].function.parameters")
+
+
+def test_a_walk_past_the_recursion_limit_passes_the_schema_instead_of_raising():
+    """Cycles of $refs whose lengths share no factor make a new merged set at every level: the walk
+    raised RecursionError out of the shape check (a 500 for a valid schema)."""
+    defs, starts = {}, []
+    for length in (2, 3, 5, 7, 11):
+        for i in range(length):
+            defs[f"c{length}_{i}"] = {"type": "object",
+                                      "properties": {"x": {"$ref": f"#/$defs/c{length}_{(i + 1) % length}"}}}
+        starts.append({"$ref": f"#/$defs/c{length}_0"})
+    schema = {"$defs": defs, "type": "object", "properties": {"x": {"allOf": starts}}}
+    assert shape_error(request(schema)) == ""

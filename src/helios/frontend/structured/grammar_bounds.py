@@ -13,7 +13,8 @@ branches and ``$ref`` targets, and those with each ``anyOf``/``oneOf`` branch (i
 conjunction over the alternatives); properties of the same name in the merged schemas, and their
 ``items``, merge with each other. Properties named by an ``anyOf`` branch are not merged with the
 schemas around it (a branch is checked with the bounds around it only). The walk is bounded
-(`MAX_BOUND_VISITS`); past the bound it passes the schema.
+(`MAX_BOUND_VISITS`, and Python's recursion limit: cycles of $refs whose lengths share no factor
+make a new merged set at every level); past either bound it passes the schema.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def exclusive_bound_error(schema: Any, document: SchemaDocument) -> str:
     walk = _BoundWalk(document)
     try:
         return walk.check([(schema, "")], Bounds())
-    except _TooLong:
+    except (_TooLong, RecursionError):  # recursive $refs can keep making new merged sets, one level each
         return ""
 
 
