@@ -111,3 +111,36 @@ def test_a_snapshot_link_out_of_its_repository_is_still_refused(checkpoint, secr
     (snapshot / "chat_template.jinja").symlink_to(secret)
     with pytest.raises(CheckpointError, match="chat_template.jinja links to .*outside the checkpoint"):
         check_links(snapshot)
+
+
+def _hub_repository(root: Path, checkpoint: Path, subfolder: str = "") -> tuple[Path, Path]:
+    """A hub cache repository under `root` whose snapshot (or its `subfolder`) links every file of
+    `checkpoint` into its blobs; returns the repository and the linked checkpoint folder."""
+    repo = root / "models--test--tiny"
+    folder = repo / "snapshots" / "0123abcd" / subfolder
+    (repo / "blobs").mkdir(parents=True)
+    folder.mkdir(parents=True)
+    up = Path(*[".."] * (2 + len(Path(subfolder).parts)))
+    for index, path in enumerate(sorted(p for p in checkpoint.iterdir() if p.is_file())):
+        blob = repo / "blobs" / f"blob{index:04d}"
+        shutil.copyfile(path, blob)
+        (folder / path.name).symlink_to(up / "blobs" / blob.name)
+    return repo, folder
+
+
+def test_a_checkpoint_in_a_folder_of_a_hub_snapshot_prepares(checkpoint, tmp_path):
+    # A repository holding its model in a subfolder: its files link to ../../../blobs.
+    _, folder = _hub_repository(tmp_path, checkpoint, "text_model")
+    check_links(folder)
+    assert read_assets(folder, VOCAB_SIZE).chat_template == read_assets(checkpoint, VOCAB_SIZE).chat_template
+
+
+def test_a_local_folder_linking_into_a_hub_cache_prepares(checkpoint, tmp_path):
+    # huggingface_hub's --local-dir before 0.23 linked large files into the cache's blobs.
+    repo, _ = _hub_repository(tmp_path / "cache", checkpoint)
+    local = tmp_path / "local"
+    local.mkdir()
+    for path in sorted((repo / "snapshots" / "0123abcd").iterdir()):
+        (local / path.name).symlink_to(path.resolve())
+    check_links(local)
+    assert load_checkpoint(local).architecture.vocab_size == VOCAB_SIZE

@@ -6,9 +6,11 @@ A link out of the directory would let a hostile checkpoint carry any file of the
 (a key, a token) into a core its victim then signs and publishes. So before any file is read,
 `check_links(directory)` walks the directory and refuses an entry whose target lies outside it.
 
-One layout is let through: a Hugging Face hub cache snapshot (``<repo>/snapshots/<revision>``),
-whose files are links into the repository's ``blobs`` folder; there a link may resolve anywhere
-inside ``<repo>``.
+Hugging Face's hub cache is let through: a checkpoint in a snapshot (``<repo>/snapshots/<revision>``,
+or a folder inside one) may link anywhere inside ``<repo>``, whose ``blobs`` its files link to; and a
+link from anywhere may resolve to a blob of a hub cache repository (``.../models--ORG--NAME/blobs/``,
+beside its ``snapshots``), as ``--local-dir`` downloads of huggingface_hub before 0.23 link their
+large files. A blob holds a downloaded file, never one of the preparing machine's own.
 """
 
 from __future__ import annotations
@@ -42,10 +44,18 @@ def check_links(directory: Path) -> None:
 
 
 def _allowed_root(root: Path) -> Path:
-    """Where a link of the checkpoint at `root` may resolve: the checkpoint, or a hub cache repository."""
-    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
-        return root.parent.parent
+    """Where a link of the checkpoint at `root` may resolve: the checkpoint, or the hub cache
+    repository whose snapshot holds it."""
+    for folder in (root, *root.parents):
+        if folder.parent.name == "snapshots" and _is_hub_repository(folder.parent.parent):
+            return folder.parent.parent
     return root
+
+
+def _is_hub_repository(folder: Path) -> bool:
+    """Whether `folder` is a hub cache repository (``models--ORG--NAME`` or another kind's, with
+    ``blobs`` and ``snapshots`` folders)."""
+    return "--" in folder.name and (folder / "blobs").is_dir() and (folder / "snapshots").is_dir()
 
 
 def _check_link(path: Path, shown: Path, inside: Path) -> None:
@@ -55,9 +65,13 @@ def _check_link(path: Path, shown: Path, inside: Path) -> None:
         raise CheckpointError(f"{shown} is a link to {os.readlink(path)!r}, which does not exist") from None
     except (OSError, RuntimeError) as error:  # a loop, or a target that cannot be read
         raise CheckpointError(f"{shown} is a link that cannot be followed: {error}") from None
-    if not target.is_relative_to(inside):
+    if not target.is_relative_to(inside) and not _is_hub_blob(target):
         raise CheckpointError(f"{shown} links to {target}, outside the checkpoint directory; a checkpoint's "
                               "files must lie in it (copy the file in instead of linking it)")
+
+
+def _is_hub_blob(target: Path) -> bool:
+    return target.parent.name == "blobs" and _is_hub_repository(target.parent.parent)
 
 
 def _unreadable(error: OSError) -> None:
