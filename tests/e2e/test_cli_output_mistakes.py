@@ -12,6 +12,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -51,11 +52,11 @@ def _writers(files, output: Path) -> dict[str, list]:
     }
 
 
-@pytest.mark.parametrize("command", ["sign", "relocate", "contract encode", "contract example-core", "prepare"])
+@pytest.mark.parametrize("command", ["sign", "relocate", "contract example-core", "prepare"])
 def test_an_output_that_is_a_fifo_is_refused_and_left_as_it_was(files, tmp_path, command, capsys):
     """`helios relocate m.core -o /dev/null`, run as root, renamed the written core over /dev/null
     (a regular file from then on, for every process on the machine); a FIFO was replaced the same
-    way, and `contract encode` waited for the FIFO's reader. A FIFO stands in for the device here."""
+    way. A FIFO stands in for the device here. (`contract encode` writes one stream: through, below.)"""
     fifo = tmp_path / "out"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so that a write into it cannot wait
@@ -149,3 +150,25 @@ def test_serve_refuses_an_api_key_with_whitespace_at_its_ends(api_key, capsys):
     key every /v1/ request got 401."""
     code, err = run(capsys, "serve", "no.core", "--accept", NAMESPACE, "--api-key", api_key)
     assert code == 2 and "--api-key" in one_line(err) and "whitespace" in err
+
+
+def test_contract_encode_writes_through_a_stream_and_a_link_and_keeps_the_mode(tmp_path, capsys):
+    """`contract encode FILE /dev/stdout` (or a FIFO, or process substitution) writes the bundle
+    through; a regular output is replaced atomically, through a link to it, with its mode kept."""
+    expected = tmp_path / "expected.bin"
+    assert main(["contract", "encode", str(EXAMPLE), str(expected)]) == 0
+    fifo = tmp_path / "stream"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    code, err = run(capsys, "contract", "encode", EXAMPLE, fifo)
+    reader.join(30)
+    assert code == 0 and received == [expected.read_bytes()] and f"wrote {fifo}" in err
+    target, link = tmp_path / "target.bin", tmp_path / "link.bin"
+    target.write_bytes(b"old")
+    target.chmod(0o640)
+    link.symlink_to(target)
+    assert run(capsys, "contract", "encode", EXAMPLE, link)[0] == 0
+    assert link.is_symlink() and target.read_bytes() == expected.read_bytes()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from helios.cli.termination import terminate_as_exception
 from helios.contract import PreparedContract
 from helios.contract.files import load_bytes
 from helios.contract.rules import enum_label
+from helios.core.container import FILE_MODE
 from helios.contract import serving_pb2 as spb
 from helios.errors import UsageError
 
@@ -129,30 +131,35 @@ def _example_core(args: argparse.Namespace) -> int:
 
 
 def _encode(args: argparse.Namespace) -> int:
-    output = check_output_path("OUT", args.out, {"contract FILE": args.file})
+    output = check_output_path("OUT", args.out, {"contract FILE": args.file}, streams=True)
     prepared = _load(args.file)
     with terminate_as_exception(), naming_output(output):
-        _write_replacing(output, prepared.to_bundle())
-    print(f"wrote {args.out}")
+        if output.exists() and not output.is_file():  # /dev/stdout, a FIFO, process substitution
+            with open(output, "wb") as stream:
+                stream.write(prepared.to_bundle())
+        else:
+            _write_replacing(output.resolve(), prepared.to_bundle())  # through a link, as an open would
+    print(f"wrote {args.out}", file=sys.stderr if output.exists() and not output.is_file() else sys.stdout)
     return 0
 
 
 def _write_replacing(output: Path, data: bytes) -> None:
-    """Writes `data` to a temporary file beside `output` and renames it into place: a write that
-    fails (a full disk) or is interrupted (Ctrl-C, SIGTERM) leaves any earlier `output` as it was and
-    no partial file; the OSError reaches `main` (exit 1)."""
+    """Writes `data` to a temporary file beside `output` and renames it into place, with the mode of
+    the file it replaces (else what a plain open would make): a write that fails (a full disk) or is
+    interrupted (Ctrl-C, SIGTERM) leaves any earlier `output` as it was and no partial file; the
+    OSError reaches `main` (exit 1)."""
+    try:
+        mode = stat.S_IMODE(os.stat(output).st_mode)
+    except FileNotFoundError:
+        mode = FILE_MODE
     fd, name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-            os.fchmod(handle.fileno(), 0o666 & ~_umask())  # what a plain open would have made, not mkstemp's 0600
+            os.fchmod(handle.fileno(), mode)  # not mkstemp's 0600
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(name, output)
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -181,18 +181,20 @@ def check_core_path(path: os.PathLike | str) -> None:
         raise UsageError(f"{path} is not a regular file; a core is a file")
 
 
-def check_output_path(option: str, output: os.PathLike | str, inputs: Mapping[str, object]) -> Path:
+def check_output_path(option: str, output: os.PathLike | str, inputs: Mapping[str, object],
+                      streams: bool = False) -> Path:
     """Refuses, before any work, an output path that is a directory, lies in a missing directory,
     is something other than a regular file (a FIFO, a device: the file written beside it and renamed
-    into place would replace /dev/null itself, and opening a FIFO would wait for a reader) or
-    names one of the command's inputs (`inputs`: what each is called -> its path or paths), which
-    the written file would replace."""
+    into place would replace /dev/null itself, and opening a FIFO would wait for a reader; with
+    `streams`, for a command that writes one stream, such an output is written through) or names one
+    of the command's inputs (`inputs`: what each is called -> its path or paths), which the written
+    file would replace."""
     output = Path(output)
     if output.is_dir():
         raise UsageError(f"{option} {output} is a directory; name the file to write")
     if not output.parent.is_dir():
         raise UsageError(f"{option} {output}: the directory {output.parent} does not exist")
-    if output.exists() and not output.is_file():
+    if output.exists() and not output.is_file() and not streams:
         raise UsageError(f"{option} {output} is not a regular file; name the file to write")
     if output.exists():
         for name, paths in inputs.items():

@@ -31,7 +31,7 @@ def _umask() -> int:
     return 0o022
 
 
-_FILE_MODE = 0o666 & ~_umask()
+FILE_MODE = 0o666 & ~_umask()  # what `open` makes a new file (the umask read without changing it)
 
 
 class _PendingFile:
@@ -46,7 +46,7 @@ class _PendingFile:
         self.handle: BinaryIO = os.fdopen(fd, "wb")
 
     def finish(self) -> None:
-        os.fchmod(self.handle.fileno(), _FILE_MODE)  # what `open` would have made, not mkstemp's 0600
+        os.fchmod(self.handle.fileno(), FILE_MODE)  # what `open` would have made, not mkstemp's 0600
         self.handle.flush()
         os.fsync(self.handle.fileno())
         self.handle.close()
