@@ -405,3 +405,15 @@ def test_a_request_before_a_malformed_one_in_the_same_read_is_answered(server):
         response = read_all(sock)
     assert response.startswith(b"HTTP/1.1 200") and response.endswith(b"data: 1\n\n\r\n0\r\n\r\n")
     assert b"400" not in response
+
+
+def test_a_pipelined_body_that_breaks_during_a_stream_lets_the_stream_end_whole(server):
+    """The request behind a running stream whose chunked body broke closed the connection at once,
+    cutting the stream before it."""
+    with server.connect() as sock:
+        sock.sendall(b"GET /stream?4 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock, b"data: 0\n\n\r\n").startswith(b"HTTP/1.1 200")
+        sock.sendall(MALFORMED_REQUESTS["broken chunk framing"])
+        response = read_all(sock)
+    assert b"400" not in response and response.endswith(b"data: 3\n\n\r\n0\r\n\r\n")  # ended whole, then closed
+    assert b"200 OK" in server.get_health()

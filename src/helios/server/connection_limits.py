@@ -206,6 +206,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         self.is_awaiting_head, self.is_head_begun, self.head_nbytes = True, False, 0
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.is_discarding and not self.pipeline and not self.transport.is_closing():
+            self.transport.close()  # the response a malformed pipelined request was dropped behind ended
+
     def _start_asgi_task(self, cycle, app) -> None:
         super()._start_asgi_task(cycle, app)
         if cycle is self.cycle and not self.is_awaiting_head and not self.transport.is_closing():
@@ -253,15 +258,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         used). A head that never completed is answered as the limits are (`_answer`): after an earlier
         response still being sent, nothing is written, and the connection closes when it ends. A
         request whose body broke off (chunk framing) cannot be served: 400 while nothing was sent for
-        it or before it, else the connection is closed, since any bytes would land inside a response."""
+        it or before it; queued behind a response still being sent, it is dropped, and the connection
+        closes when that response ends (`on_response_complete`); once its own response has started,
+        the connection is closed at once, since any bytes would land inside it."""
         error = MalformedRequest("the request is not valid HTTP/1.1 (its request line, headers or chunked "
                                  "body framing could not be parsed)")
         if self.is_awaiting_head or self.cycle is None:
             self._answer(error)
-        elif self.cycle.response_started or any(cycle is self.cycle for cycle, _ in self.pipeline):
+        elif self.cycle.response_started:
             self._disarm()
             self.is_discarding = True
             self.transport.close()
+        elif any(cycle is self.cycle for cycle, _ in self.pipeline):
+            self._disarm()
+            for entry in [entry for entry in self.pipeline if entry[0] is self.cycle]:
+                self.pipeline.remove(entry)
+            self.is_discarding = True
         else:
             self._disarm()
             self.is_discarding = True
