@@ -273,8 +273,11 @@ class TagToolParser:
         name_text = "".join(self._name)
         self._name = []
         if label == "sep" and not name_text.strip():
-            # a separator before the name: leading whitespace, block text before the invocation
-            # (kept out of the name, so that a run of separators is not joined again at each one)
+            if tag_text.strip():  # a separator that is no whitespace starts the name's text, as it always did
+                self._name = [name_text + tag_text]
+                return
+            # a whitespace separator before the name: block text before the invocation (kept out of
+            # the name, so that a run of separators is not joined again at each one)
             self._raw.append(name_text + tag_text)
             return
         if label == "sep":
