@@ -52,6 +52,7 @@ _NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
 # write about 10 (libjpeg's and mozjpeg's progressions); 100 scans of a 4096x4096 image decode in
 # about a second.
 MAX_JPEG_SCANS = 100
+_JPEG_MARKER = re.compile(rb"\xff[^\x00\x01\xd0-\xd7\xff]")  # a marker with a length (or EOI)
 # Leading bytes of the accepted formats, and of others a client may send by mistake (named in the error).
 _SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF8", "GIF"), (b"BM", "BMP"),
                (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"%PDF", "PDF"), (b"\x00\x00\x01\x00", "ICO"))
@@ -290,23 +291,20 @@ def decode_image(data: bytes, limits: ImageLimits) -> DecodedImage:
 def _jpeg_scan_count(data: bytes) -> int:
     """The scans (SOS markers) of the JPEG stream `data` starts with, counted up to its EOI or to one
     past `MAX_JPEG_SCANS`: marker segments are skipped by their length, entropy-coded data up to its
-    next marker (0xFF followed by 0x00 is a stuffed data byte, 0xFFD0-D7 a restart marker). An
-    embedded thumbnail's scans lie inside an APPn segment and are not counted."""
-    count, pos, end = 0, 2, len(data)
+    next marker (`_JPEG_MARKER`: 0xFF followed by 0x00 is a stuffed data byte, 0xFFD0-D7 a restart
+    marker, 0xFFFF a fill byte), found by the regex engine rather than a Python loop per 0xFF byte.
+    An embedded thumbnail's scans lie inside an APPn segment and are not counted."""
+    count, pos = 0, 2
     while count <= MAX_JPEG_SCANS:
-        pos = data.find(b"\xff", pos)
-        if pos < 0 or pos + 1 >= end:
+        found = _JPEG_MARKER.search(data, pos)
+        if found is None:
             break
+        pos = found.start()
         marker = data[pos + 1]
-        if marker == 0xFF:  # a fill byte before the marker
-            pos += 1
-        elif marker in (0x00, 0x01) or 0xD0 <= marker <= 0xD7:  # stuffing, TEM, restart: no length
-            pos += 2
-        elif marker == 0xD9:  # EOI: the first frame's end (an MPO's next frames follow)
+        if marker == 0xD9:  # EOI: the first frame's end (an MPO's next frames follow)
             break
-        else:
-            count += marker == 0xDA
-            pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+        count += marker == 0xDA
+        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
     return count
 
 
