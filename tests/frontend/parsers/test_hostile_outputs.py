@@ -4,6 +4,7 @@ arguments are strict JSON text that can be sent as UTF-8."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -116,3 +117,19 @@ def test_arguments_under_the_other_common_key_are_kept(name, text):
     was a call with empty arguments, its arguments silently dropped."""
     (call,) = parse(name, text, size=3).tool_calls
     assert strict_json(call.arguments) == {"city": "Paris"}
+
+
+def test_a_separator_that_is_no_whitespace_before_a_name_stays_in_the_name():
+    """The linear-time change to GLM's separators before a name first dropped any separator there;
+    one that is not whitespace starts the name's text, as it always did (so this name is unknown)."""
+    glm = dataclasses.replace(S.example_glm_arguments(), name_separator="<sep>")
+    SYNTAXES["glm-sep"] = OutputSyntax(R.NONE, T.GLM_ARGUMENTS, tools=glm)
+    try:
+        for text, name in (("<tool_call><sep>get_weather</tool_call>", "<sep>get_weather"),
+                           ("<tool_call><sep>get_weather<sep><arg_key>city</arg_key><arg_value>P</arg_value>"
+                            "</tool_call>", "<sep>get_weather<sep>")):
+            one, whole = parse("glm-sep", text), parse("glm-sep", text, size=len(text))
+            assert one == whole and not one.tool_calls
+            assert [(e.kind, e.detail) for e in one.errors] == [(K.UNKNOWN_TOOL, name)]
+    finally:
+        del SYNTAXES["glm-sep"]
