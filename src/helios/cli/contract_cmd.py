@@ -133,13 +133,14 @@ def _example_core(args: argparse.Namespace) -> int:
 def _encode(args: argparse.Namespace) -> int:
     output = check_output_path("OUT", args.out, {"contract FILE": args.file}, streams=True)
     prepared = _load(args.file)
+    is_stream = output.exists() and not output.is_file()  # /dev/stdout, a FIFO, process substitution
     with terminate_as_exception(), naming_output(output):
-        if output.exists() and not output.is_file():  # /dev/stdout, a FIFO, process substitution
+        if is_stream:
             with open(output, "wb") as stream:
                 stream.write(prepared.to_bundle())
         else:
             _write_replacing(output.resolve(), prepared.to_bundle())  # through a link, as an open would
-    print(f"wrote {args.out}", file=sys.stderr if output.exists() and not output.is_file() else sys.stdout)
+    print(f"wrote {args.out}", file=sys.stderr if is_stream else sys.stdout)  # stdout may be the stream
     return 0
 
 
