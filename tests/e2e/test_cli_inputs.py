@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +16,7 @@ import pytest
 from core.builders import NAMESPACE, build_core, random_bytes
 from helios.cli.main import build_parser, main
 from helios.core.keys import SigningKey, load_signing_key, write_key_pair
-from support.cli_runs import one_line, run_cli as run
+from support.cli_runs import disk_full_past, one_line, run_cli as run
 
 
 @pytest.fixture(scope="module")
@@ -342,14 +340,8 @@ def test_a_write_that_runs_out_of_room_leaves_no_output(files, tmp_path, capsys)
     """RLIMIT_FSIZE stands in for a full disk: the write fails with EFBIG past a few bytes."""
     output = tmp_path / "full.core"
     output.write_bytes(b"the operator's previous file")
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
-    try:
+    with disk_full_past(1024):
         code = main(["relocate", str(files["core"]), "-o", str(output)])
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, previous)
     err = capsys.readouterr().err
     assert code == 1 and one_line(err) == f"helios relocate: error: File too large: {output}\n"
     assert output.read_bytes() == b"the operator's previous file"

@@ -7,7 +7,6 @@ is one line on stderr and a documented exit status, and leaves no file behind.""
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import stat
 import subprocess
@@ -20,7 +19,7 @@ import pytest
 from core.builders import NAMESPACE, build_core, random_bytes
 from helios.cli.main import main
 from helios.core.keys import SigningKey, load_signing_key, write_key_pair
-from support.cli_runs import one_line, run_cli
+from support.cli_runs import disk_full_past, one_line, run_cli
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "contract-tiny.json"
 
@@ -95,14 +94,8 @@ def test_contract_encode_that_runs_out_of_room_leaves_the_previous_output(tmp_pa
     where the operator's previous file was, and said so as a usage error (exit 2)."""
     output = tmp_path / "contract.bin"
     output.write_bytes(b"the operator's previous file")
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
-    try:
+    with disk_full_past(1024):
         code = main(["contract", "encode", str(EXAMPLE), str(output)])
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, previous)
     err = capsys.readouterr().err
     assert code == 1 and one_line(err) == f"helios contract: error: File too large: {output}\n"
     assert output.read_bytes() == b"the operator's previous file"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import resource
+import signal
+
 from helios.cli.main import main
 
 
@@ -20,3 +24,17 @@ def one_line(err: str) -> str:
     """`err`, which must be exactly one line."""
     assert err.count("\n") == 1 and err.endswith("\n"), err
     return err
+
+
+@contextlib.contextmanager
+def disk_full_past(nbytes: int):
+    """Writes past `nbytes` of a file fail with EFBIG inside (RLIMIT_FSIZE, SIGXFSZ ignored): a full
+    disk, for the process's own writes."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
