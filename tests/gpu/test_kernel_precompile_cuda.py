@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,3 +55,23 @@ def test_workers_compile_what_the_capture_needs_and_the_tokens_do_not_change(tmp
     assert parallel["unsent_after_wait"] == []
     assert serial["report"] is None  # no workers: no dry run
     assert parallel["held"] > 0 and parallel["held_changed"] == 0  # the dry run left the modules' constants
+
+
+def test_a_later_load_skips_the_dry_run_while_every_variant_it_found_is_on_disk(tmp_path: Path):
+    """`helios.runtime.loading.dry_run_record`: the first load's dry run is written down; the next load
+    of the core on that cache makes none and gives the same tokens; with one variant gone from the
+    cache, the dry run runs again and compiles just that one."""
+    key = SigningKey.generate()
+    checkpoint, core = tmp_path / "llama", tmp_path / "llama.core"
+    write_chat_checkpoint(LLAMA3, checkpoint, seed=5)
+    plan = CapacityPlan(context_tokens=256, prefill_tokens=64, decode_batches=(1, 4))
+    prepare_core(checkpoint, core, key, PrepareOptions(NAMESPACE, dtype="bfloat16", capacities=plan))
+    cache = tmp_path / "cache"
+    first = _load(core, key, 2, cache)
+    assert first["report"]["variants"] > 0 and len(list(cache.rglob("helios-dry-run.json"))) == 1
+    second = _load(core, key, 2, cache)
+    assert second["report"] is None and second["tokens"] == first["tokens"]  # no dry run, no compile awaited
+    shutil.rmtree(next(cache.rglob("*.cubin")).parent)  # one variant's compiled files
+    third = _load(core, key, 2, cache)
+    assert third["report"]["variants"] == 1 and third["report"]["failed"] == []
+    assert third["tokens"] == first["tokens"] and third["unsent_after_wait"] == []

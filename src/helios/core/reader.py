@@ -19,6 +19,8 @@ but trusts no key and authorizes nothing; its result says so.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +123,12 @@ class Core:
     @property
     def path(self) -> Path:
         return self._loaded.path
+
+    @functools.cached_property
+    def body_sha256(self) -> bytes:
+        """The SHA-256 of the core file's signed body (contract, manifest, resource commitments and
+        signatures): what names this core in records a load keeps of it."""
+        return hashlib.sha256(self._loaded.raw.body).digest()
 
     @property
     def core_format(self) -> CoreFormat:

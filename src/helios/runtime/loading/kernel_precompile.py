@@ -190,10 +190,12 @@ class KernelCompiler:
         self._protected: set[int] | None = None  # within `dry_run`: the storages no skipped launch zeroes
         self.label = ""  # what the dry run is running (each variant's report names what sent it)
         self.ran_ahead = False  # dry-run already, on stand-ins (`helios.runtime.loading.dry_run_ahead`)
+        self.revealed: dict[tuple, CompileJob] = {}  # every variant a dry run met, compiled or on disk already
         self.ahead_seconds = 0.0
         self._start = executor is None and workers > 0
+        self._spawned = True  # `start` decides
 
-    def start(self) -> None:
+    def start(self, spawn: bool = True) -> None:
         """Makes the worker pool (once; nothing without workers or without Triton). In a process's first
         load its workers start now, at the start of the load, spawned from a thread of lowered
         priority (`WORKER_NICENESS`, inherited by the processes): their start-up (importing torch and
@@ -204,7 +206,8 @@ class KernelCompiler:
         bench/results/h200_session26_call5). Triton's key of itself, which the dry run's first cache
         lookup needs, is computed meanwhile on a thread of its own (`_triton_key`). In later loads
         (their kernels mostly compiled in this process already) a worker starts only for a variant
-        sent to it."""
+        sent to it. Without `spawn` (a load that expects to compile nothing: `dry_run_record`) the
+        workers of a first load wait for `spawn_workers`."""
         if not self._start or importlib.util.find_spec("triton") is None:  # no Triton: nothing compiles
             return
         self._start = False
@@ -212,11 +215,20 @@ class KernelCompiler:
         environment = {name: value for name, value in os.environ.items() if name.startswith("TRITON_")}
         self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context, initializer=_init_worker,
                                          initargs=(environment,))
-        if not _COMPILED_HERE:  # a process's first load: start them all now (later loads rarely compile)
-            pool, workers = self._pool, self.workers
-            threading.Thread(target=_spawn_niced, args=(pool, workers), name="helios-compile-spawn",
-                             daemon=True).start()
+        self._spawned = _COMPILED_HERE  # later loads rarely compile: a worker starts for a variant sent
+        if not _COMPILED_HERE:
             threading.Thread(target=_triton_key, name="helios-triton-key", daemon=True).start()
+        if spawn:
+            self.spawn_workers()
+
+    def spawn_workers(self) -> None:
+        """In a process's first load, starts every worker now, from a thread of lowered priority (once;
+        see `start`); otherwise nothing."""
+        if self._pool is None or self._spawned:
+            return
+        self._spawned = True
+        threading.Thread(target=_spawn_niced, args=(self._pool, self.workers), name="helios-compile-spawn",
+                         daemon=True).start()
 
     def __enter__(self) -> "KernelCompiler":
         return self
@@ -426,6 +438,8 @@ def _patched(jit_class, compiler: KernelCompiler, thread: int, protected: set[in
         if compiler.sent(variant):  # launched again (every layer): skipped, nothing looked up again
             return None
         job = _job_of(self, signature, device, constexprs, options, attrs)
+        if job is not None:
+            compiler.revealed[variant] = job
         if job is None or cached_on_disk(job) or not compiler.submit(job, variant):
             return do_compile(self, key, signature, device, constexprs, options, attrs, warmup)
         return None  # `run` returns without launching

@@ -66,6 +66,7 @@ from helios.runtime.loading import gc_pause, thread_switch
 from helios.runtime.loading.auxiliary import initialization_handles, state_copy_handles, vision_handles
 from helios.runtime.loading.cuda_graphs import CaptureMemoryError, capture_programs, choose_gemm_algorithms, plan_captures
 from helios.runtime.loading.dry_run_ahead import DryRunAhead, buffer_bytes, fits_twice, stand_in_weights
+from helios.runtime.loading.dry_run_record import DryRunRecord
 from helios.runtime.loading.kernel_precompile import KernelCompiler, default_compile_workers
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
 from helios.runtime.loading.memory_budget import InsufficientMemoryError, check_fits
@@ -260,7 +261,13 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     # Programs that CUDA graphs capture are recorded from rewritten copies, whose code the capture
     # generates: their own code is generated only if something calls them (`lazy_code`).
     captured = device.type == "cuda" and options.cuda_graphs
-    compiler.start()  # its workers start now, at a lower priority (`KernelCompiler.start`)
+    record = None  # what an earlier load's dry run found, if there is one (`dry_run_record`)
+    if captured and prepared.manifest.ranks == 1:
+        record = DryRunRecord.for_load(core.body_sha256, handles, (
+            settings.max_concurrency, settings.context_tokens, settings.snapshot_capacity, options.window_pages))
+    # Its workers start now, at a lower priority (`KernelCompiler.start`), unless an earlier load's dry run
+    # left a record: they then start only where a variant it lists is not on disk any more.
+    compiler.start(spawn=record is None or not record.exists())
     with ThreadPoolExecutor(1, thread_name_prefix="helios-weights") as background:
         loading = background.submit(_load_weights_on_device, core, prepared, device, options.rank)
         programs = tuple(load_program(core, prepared, handle, declared, device, lazy_code=captured)
@@ -281,8 +288,11 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         num_window_pages = window_page_count(prepared, settings.max_concurrency, row_tokens, context_pages,
                                              options.window_pages)
         least_pages = static_pages(prepared, programs + producers + initializers + state_copies)
-        ahead = None
-        if captured:  # the Triton precompile's dry run, on stand-ins, as each plan is built
+        ahead, precompile = None, compiler  # the capture's compiler: none where there is nothing to compile
+        if record is not None and compiler.active and _compiled_already(record, device):
+            record = precompile = None  # no dry run: it would compile nothing (nor is the record written again)
+        elif captured:  # the Triton precompile's dry run, on stand-ins, as each plan is built
+            compiler.spawn_workers()
             ahead = _dry_run_ahead(prepared, producers, compiler, device, max(context_pages + 1, least_pages),
                                    num_state_rows, num_window_pages)
         plans = plan_captures(programs, device, ahead=ahead) if captured else None  # built while the weights load
@@ -309,10 +319,12 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
                    for handle in vision_graphs)
     if captured:
         programs = capture_programs(programs, lambda p: program_arguments(p, weights, buffers), buffers, device,
-                                    keep=tuned_outputs(prepared), compiler=compiler, plans=plans)
+                                    keep=tuned_outputs(prepared), compiler=precompile, plans=plans)
         if vision:  # the image encoders replay as CUDA graphs too
             vision = capture_programs(vision, lambda p: program_arguments(p, weights, buffers), buffers, device,
                                       keep=tuned_outputs(prepared))
+        if record is not None and compiler.active:
+            record.save(compiler.revealed.values())
         if initializers:
             initializers = capture_programs(initializers, lambda p: program_arguments(p, weights, buffers), buffers,
                                             device, keep=tuned_outputs(prepared))
@@ -342,6 +354,16 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
         initialization_programs=initializers,
         state_copy_programs=state_copies,
     )
+
+
+def _compiled_already(record: DryRunRecord, device: torch.device) -> bool:
+    """Whether every Triton variant `record` lists (the last dry run of this core's load) is in Triton's
+    cache for `device`: the dry run would compile nothing (logged)."""
+    listed = record.all_on_disk(device)
+    if listed is not None:
+        _LOG.info("Triton kernels: the %d variants this core's last dry run found are in Triton's cache: "
+                  "no dry run", listed)
+    return listed is not None
 
 
 class DeviceUnavailableError(LoadError):
