@@ -39,6 +39,7 @@ def server(tmp_path_factory):
     core = tiny_core(tmp_path_factory.getbasetemp())
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HELIOS_API_KEY", KEY)
+        patch.setenv("HELIOS_START_TRACE", "1")  # test_the_start_is_traced_step_by_step_in_both_processes
         process = ServerProcess(core, "--max-active", "2", "--queue-capacity", "1", "--served-model-name", SERVED_ID,
                                 ALIAS, log=tmp_path_factory.mktemp("serve") / "server.log")
     yield process
@@ -95,6 +96,32 @@ def metric(http: httpx.Client, line_prefix: str) -> float:
 
 
 # -- openai client --------------------------------------------------------------------------------
+
+
+SERVING_STEPS = ["serve: command line read", "serve: engine process started", "serve: serving stack imported",
+                 "serve: core verified", "serve: load ordered", "serve: engine ready", "serve: listening"]
+ENGINE_STEPS = ["engine: entered", "engine: runtime imported", "engine: load's imports made",
+                "engine: load order received", "engine: core verified", "engine: loaded and started",
+                "engine: ready sent"]
+
+
+def test_the_start_is_traced_step_by_step_in_both_processes(server):
+    """HELIOS_START_TRACE=1 (`helios.server.start_trace`): each step of the start once, in order, in the
+    process it runs in; the engine's load follows its order and the serving process's readiness its report."""
+    steps: dict[str, list[tuple[float, str]]] = {}
+    for line in server.log.read_text().splitlines():
+        if line.startswith("helios start trace: "):
+            epoch, _, pid, step = line.removeprefix("helios start trace: ").split(maxsplit=3)
+            steps.setdefault(pid, []).append((float(epoch), step))
+    serving = steps.pop(str(server.process.pid))
+    engine = [marks for marks in steps.values() if marks[0][1] == "engine: entered"]
+    assert len(engine) == 1, steps
+    for marks, expected in ((serving, SERVING_STEPS), (engine[0], ENGINE_STEPS)):
+        named = [step for _, step in marks if step in expected]
+        assert named == expected and [t for t, _ in marks] == sorted(t for t, _ in marks), marks
+    at = {step: epoch for epoch, step in serving + engine[0]}
+    assert at["serve: load ordered"] <= at["engine: load order received"] + 0.01  # one clock, to its last millisecond
+    assert at["engine: ready sent"] <= at["serve: engine ready"] + 0.01
 
 
 def test_chat_shape_usage_and_seeded_repeatability(client):

@@ -28,6 +28,7 @@ from helios.server.defaults import (
     DEFAULT_MAX_HEAD_NBYTES, DEFAULT_SEND_TIMEOUT_S, DRAIN_SECONDS,
 )
 from helios.server.engine_spawn import spawn_engine_process
+from helios.server.start_trace import mark
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 MAX_THREADS = 1024  # --frontend-workers, --torch-threads: far past any use, short of what a process can start
@@ -138,6 +139,7 @@ def _is_core_file(name: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    mark("serve: command line read")
     dump_stacks_on_sigusr1()
     for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads",
                  "max_body_bytes", "send_timeout", "max_images", "max_image_bytes", "max_image_pixels",
@@ -170,7 +172,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--allow-internal-image-hosts is only meaningful with --allow-remote-images")
     spawned = spawn_engine_process(device=args.device) if args.engine_process else None  # its imports run beside ours
     try:
+        mark("serve: engine process started")
         from helios.cli import serve_run  # torch, the runtime and the HTTP stack
+
+        mark("serve: serving stack imported")
 
         return serve_run.run(args, names, spawned)
     finally:

@@ -27,6 +27,7 @@ from helios.server.engine_process import CoreSource, start_engine_process
 from helios.server.engine_spawn import EngineSpawn
 from helios.server.frontend_ahead import FrontendAhead
 from helios.server.serve import ServeOptions, bind, serve
+from helios.server.start_trace import mark
 
 
 def run(args: argparse.Namespace, names: tuple[str, ...], spawned: EngineSpawn | None) -> int:
@@ -124,6 +125,7 @@ def _start(args: argparse.Namespace, runtime_options: RuntimeOptions, spawned: E
     try:
         with _stop_signals_unwind() as received:
             core, source = _open(args)
+            mark("serve: core verified")
             if spawned is None:
                 return build_runtime(core, runtime_options), core.publisher.namespace, None
             settings = resolve_settings(core.prepared, runtime_options.load.startup)

@@ -47,6 +47,7 @@ from helios.runtime.service import RuntimeOptions
 from helios.runtime.host_heap import hold_freed_memory
 from helios.server.engine_spawn import EngineOrder, EngineSpawn, spawn_engine_process
 from helios.server.heap import freeze_startup_heap
+from helios.server.start_trace import mark
 
 STARTUP_TIMEOUT_S = 3600.0  # a large core on a cold disk loads for minutes
 # What a load imports after its order beyond this module's imports, made while the engine process waits
@@ -126,12 +127,14 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
     try:
         try:
             spawned.order(EngineOrder(source, options, torch_threads))
+            mark("serve: load ordered")
         except OSError:  # it ended before its order: how is said below
             message = None
         else:
             if while_loading is not None:
                 while_loading()
             message = wait_ready(connection, timeout_s, process.is_alive)
+            mark("serve: engine ready")
     except BaseException:  # interrupted while it loads: nothing to drain, so it is killed
         _stop_unready(process, connection)
         raise
@@ -143,6 +146,32 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
     view = FrontendView(prepared, settings, message.tokenizer_json, message.chat_template)
     return EngineProcessRuntime(view, EngineLink(connection, process, stats_of(message.stats), liveness_timeout_s),
                                 connection)
+
+
+def warm_device(device: str) -> threading.Thread | None:
+    """On a CUDA `device` (as the command line names it), starts a thread that makes the device's
+    context and cuBLAS ready (a small bfloat16 product: the CUDA driver's start and cuBLAS's libraries,
+    which the load's first device work waits for otherwise) while the engine process waits for its
+    order; None elsewhere. A device that cannot start is left to the load, which reports it."""
+    if device.partition(":")[0].strip() != "cuda":
+        return None
+
+    def warm() -> None:
+        try:
+            import torch
+
+            named = torch.device(device.strip())
+            with torch.cuda.device(named if named.index is not None else torch.cuda.current_device()):
+                square = torch.ones(16, 16, dtype=torch.bfloat16, device="cuda")
+                torch.mm(square, square)
+                torch.cuda.synchronize()
+            mark("engine: device warmed")
+        except Exception:  # noqa: BLE001 - the load starts the device itself and reports what fails
+            pass
+
+    thread = threading.Thread(target=warm, name="helios-device-warm", daemon=True)
+    thread.start()
+    return thread
 
 
 def ahead_imports(device: str) -> tuple[str, ...]:
@@ -166,6 +195,7 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
     hold_freed_memory()
     try:
         runtime = _load(source, options, torch_threads)
+        mark("engine: loaded and started")
     except BaseException as error:  # noqa: BLE001 - reported to the serving process
         _send_quietly(connection, _Failed(_portable(error)))
         return
@@ -178,6 +208,7 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
         if not _send_quietly(connection, _Ready(model.tokenizer_json, model.chat_template, stats)):
             return  # the serving process is gone
         loaded.set()
+        mark("engine: ready sent")
         freeze_startup_heap()
         grammars = EngineGrammars(model.tokenizer_json, model.prepared.sampled_range[1],
                                   model.settings.eos_token_ids).start()
@@ -205,6 +236,7 @@ def _load(source: CoreSource, options: RuntimeOptions, torch_threads: int | None
         torch.set_num_threads(torch_threads)
     core = open_core(Path(source.path), accept=source.accept, trusted_keys=[Path(p) for p in source.trusted_keys],
                      aes_key=source.aes_key)
+    mark("engine: core verified")
     return build_runtime(core, options)
 
 

@@ -6,7 +6,8 @@ serving process spends as long importing its own (torch, FastAPI, the frontend).
 starts the engine process first (`spawn_engine_process`), right after its flags are checked: the
 process's imports run beside the serving process's, those its load would make after the order too
 (`helios.server.engine_process.ahead_imports`: on the CPU, torch's program deserializer among
-them). It then waits for its order (the core's source,
+them), and on a CUDA device a thread starts the device's context and cuBLAS meanwhile
+(`helios.server.engine_process.warm_device`). It then waits for its order (the core's source,
 the runtime options, its torch threads), which `helios.server.engine_process.start_engine_process`
 sends once the serving process has verified the core and bound its socket, and loads. A start that
 fails before the order (a refused option, a taken port, a signal) stops it with `discard`; a
@@ -28,6 +29,8 @@ import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable
+
+from helios.server.start_trace import mark
 
 ORPHAN_POLL_S = 0.2  # how often an engine process not yet serving checks that its serving process lives
 
@@ -85,20 +88,25 @@ def _engine_entry(connection, parent_pid: int, main: Callable | None, device: st
     """The engine process; `parent_pid`: the serving process's (it may be gone before this runs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    mark("engine: entered")
     if hasattr(signal, "SIGUSR1"):  # dumps this process's stacks too, as `helios serve`'s own do
         faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True, chain=False)
     serving = _exit_when_orphaned(parent_pid)
     if main is None:
         from helios.server.engine_process import _engine_main as main  # the imports the spawn runs ahead
+        mark("engine: runtime imported")
     if device is not None:
-        from helios.server.engine_process import ahead_imports
+        from helios.server.engine_process import ahead_imports, warm_device
 
+        warm_device(device)
         for name in ahead_imports(device):
             importlib.import_module(name)
+        mark("engine: load's imports made")
     try:
         order = connection.recv()
     except (EOFError, OSError):  # discarded: the start failed before the order
         return
+    mark("engine: load order received")
     main(connection, order.source, order.options, order.torch_threads, serving)
 
 

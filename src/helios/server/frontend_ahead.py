@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 from tokenizers import Tokenizer
 
 from helios.frontend.structured.grammar import GrammarCompiler
+from helios.server.start_trace import mark
 
 
 class FrontendAhead:
@@ -47,6 +48,7 @@ class FrontendAhead:
             return
         self._key = (text, self._vocab_size, self._eos_token_ids)
         self._parts = (tokenizer, grammar)
+        mark("tokenizer and grammar compiler built")
 
     def parts_for(self, tokenizer_json: bytes, vocab_size: int,
                   eos_token_ids: Sequence[int]) -> tuple[Tokenizer, GrammarCompiler] | None:

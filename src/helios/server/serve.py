@@ -53,6 +53,7 @@ from helios.server.defaults import DEFAULT_MAX_BODY_NBYTES, DEFAULT_SEND_TIMEOUT
 from helios.server.connection_limits import ConnectionLimits, fit_to_fd_limit, protocol_factory
 from helios.server.responses import with_transport_send
 from helios.server.service import ServedModel
+from helios.server.start_trace import mark
 
 BACKLOG = 2048  # connections the kernel holds for the accept loop
 DROP_GRACE_SECONDS = 1  # after the drain deadline: time for the error events to reach their clients
@@ -215,6 +216,7 @@ def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_
           f"(max active {limits.max_active}, queue {limits.queue_capacity}, "
           f"frontend workers {limits.frontend_workers})", file=sys.stdout, flush=True)
     server = HeliosServer(config, served, options.drain_seconds)
+    mark("serve: listening")
     hold_freed_memory()
     freeze_startup_heap()
     server.run(sockets=[sock])
