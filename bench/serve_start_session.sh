@@ -5,7 +5,10 @@
 #   2. bench/serve_ready.py: launch to the first /health 200 of `helios serve --device cuda` on that core,
 #      for the tree before a change (.anchor/old.patch applied, when present) and the tree, alternating,
 #      ROUNDS starts each after one warm-up;
-#   3. bench/standin_referrers.py at the same layers (stand-in weights alive after the load), if STANDIN=1.
+#   3. bench/standin_referrers.py at the same layers (stand-in weights alive after the load), if STANDIN=1;
+#   4. pytest on TESTS (paths under tests/, with the same src), if set.
+# Each tree is started once uncounted first; TRACE=1 (the default) prints each tree's median start step by
+# step (HELIOS_START_TRACE, bench/serve_ready.py --trace).
 # The tree's src is this checkout's, or .anchor/src.tgz where present (`git archive --format=tar.gz HEAD src`:
 # a commit's, whatever the working tree holds); the patch: `git diff HEAD REV -- src > .anchor/old.patch`.
 # Run from the repository root with
@@ -25,9 +28,15 @@ fi
 rm -rf /tmp/core8b
 timeout 240 python3 bench/cold_start.py --layers "$layers" --variants logprobs --skip-no-logprobs-load \
   --keep-core /tmp/core8b 2>&1 | grep -v "checkpoint: layer" | tee "$out/cold_start.log" | tail -45
-timeout 300 python3 bench/serve_ready.py "${trees[@]}" --rounds "${ROUNDS:-3}" --timeout 120 -- \
+trace=()
+[ "${TRACE:-1}" = 1 ] && trace=(--trace)
+timeout 330 python3 bench/serve_ready.py "${trees[@]}" "${trace[@]}" --rounds "${ROUNDS:-3}" --timeout 120 -- \
   /tmp/core8b/model.core --device cuda --accept bench/gpu --trust /tmp/core8b/publisher.key.pub 2>&1 \
   | tee "$out/serve_ready.log"
 if [ "${STANDIN:-0}" = 1 ]; then
   timeout 200 python3 bench/standin_referrers.py --layers "$layers" 2>&1 | tail -40 | tee "$out/standin.log"
+fi
+if [ -n "${TESTS:-}" ]; then
+  PYTHONPATH=$PWD/tests:$PYTHONPATH timeout "${TESTS_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -ra $TESTS 2>&1 \
+    | tail -30 | tee "$out/tests.log"
 fi
