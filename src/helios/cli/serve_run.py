@@ -10,10 +10,12 @@ import contextlib
 import os
 import signal
 import sys
+import time
 
 import torch
 
 from helios.cli.core_options import TRUST_ENV, aes_key_from_args, open_core_from_args
+from helios.cli.main import printable_line
 from helios.cli.rank_options import rank_options_from_args
 from helios.cli.runtime_flags import runtime_flags
 from helios.contract import StartupOptions, resolve_settings
@@ -115,6 +117,12 @@ def _stop_signals_unwind():
             signal.signal(signum, handler)
 
 
+def _progress(args: argparse.Namespace, line: str) -> None:
+    """A line of the start's progress on stderr, at the info and debug log levels."""
+    if args.log_level in ("info", "debug"):
+        print(f"helios serve: {printable_line(line)}", file=sys.stderr, flush=True)
+
+
 def _start(args: argparse.Namespace, runtime_options: RuntimeOptions, spawned: EngineSpawn | None):
     """The loaded runtime (in an engine process by default), the core's publisher namespace and, with
     an engine process, the frontend's tokenizer and grammar compiler built while it loaded
@@ -126,14 +134,19 @@ def _start(args: argparse.Namespace, runtime_options: RuntimeOptions, spawned: E
         with _stop_signals_unwind() as received:
             core, source = _open(args)
             mark("serve: core verified")
+            started = time.monotonic()
+            _progress(args, f"loading {core.path} on {args.device}")
             if spawned is None:
-                return build_runtime(core, runtime_options), core.publisher.namespace, None
+                runtime = build_runtime(core, runtime_options)
+                _progress(args, f"loaded in {time.monotonic() - started:.1f} s")
+                return runtime, core.publisher.namespace, None
             settings = resolve_settings(core.prepared, runtime_options.load.startup)
             ahead = FrontendAhead(lambda: core.read_resource(resource_of_kind(core, "TOKENIZER")),
                                   core.prepared.sampled_range[1], settings.eos_token_ids)
             runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads,
                                            liveness_timeout_s=args.liveness_timeout, spawned=spawned,
                                            while_loading=ahead.start)
+            _progress(args, f"loaded in {time.monotonic() - started:.1f} s")
             return runtime, core.publisher.namespace, ahead
     except BaseException as error:
         signum = error.signum if isinstance(error, _StopSignal) else received[0] if received else None
