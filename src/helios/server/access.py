@@ -9,11 +9,13 @@ OpenAI-style error body before their body is read. ``/health``, ``/metrics`` and
 `AccessLog`: one line per HTTP request on the ``helios.access`` logger, written when the response
 ended (a stream: after its last chunk): client, method, path, status, prompt and completion tokens,
 finish reason, latency and time to first token (milliseconds), and the request's ``user``. The
-path is bounded (`helios.server.echo`) and escaped like ``user``. A request whose client went away
-before its response started (it disconnected while sending its body or while its answer was
-computed, or the response's first write found the connection closed) is logged as 499, nginx's
-"client closed request"; 500 stays for a server error with no response (the application raised,
-or returned without answering). The `RequestRecord` it puts in the scope's state
+path is bounded (`helios.server.echo`) and escaped like ``user``: quotes, controls and every other
+character that is not printable (U+0085, U+2028 and U+2029, which line-splitting readers take for
+line ends, and format characters such as U+202E) are escaped, so one request is one line. A
+request whose client went away before its response started (it disconnected while sending its
+body or while its answer was computed, or the response's first write found the connection closed)
+is logged as 499, nginx's "client closed request"; 500 stays for a server error with no response
+(the application raised, or returned without answering). The `RequestRecord` it puts in the scope's state
 (``helios_record``) is filled by the completion path (`helios.server.request_metrics`); other
 routes log no tokens.
 """
@@ -110,11 +112,20 @@ class AccessLog:
                 access_logger.info("%s", access_line(scope, status, record))
 
 
+def _escaped(text: str) -> str:
+    """`text` as the inside of a JSON string, with every character that is not printable also
+    escaped (``\\u2028``); printable non-ASCII text stays as it is."""
+    quoted = json.dumps(text, ensure_ascii=False)[1:-1]
+    if quoted.isprintable():
+        return quoted
+    return "".join(char if char.isprintable() else json.dumps(char)[1:-1] for char in quoted)
+
+
 def access_line(scope: Scope, status: int, record: RequestRecord) -> str:
     client = scope.get("client")
     where = f"{client[0]}:{client[1]}" if client else "-"
     latency_ms = (time.monotonic() - record.arrival_s) * 1000.0
-    path = json.dumps(clipped(scope.get("path", "")), ensure_ascii=False)[1:-1]  # quotes and controls escaped
+    path = _escaped(clipped(scope.get("path", "")))
     fields = [where, f'"{scope.get("method", "")} {path}"', str(status)]
     totals = record.totals()
     if totals is not None:

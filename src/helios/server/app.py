@@ -109,8 +109,11 @@ def create_app(served: ServedModel, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYT
         finally:
             await asyncio.to_thread(served.shutdown)
 
+    # No trailing-slash redirects: Starlette's 307 builds its Location from the request's Host
+    # header (a client-chosen host) and answers with an empty body; such a path gets a JSON 404.
     app = FastAPI(title="Helios", summary="OpenAI-compatible serving of a prepared model core",
-                  version="1", lifespan=lifespan, docs_url=None, redoc_url=None, telemetry=NO_TELEMETRY)
+                  version="1", lifespan=lifespan, docs_url=None, redoc_url=None, telemetry=NO_TELEMETRY,
+                  redirect_slashes=False)
     _install_error_handlers(app)
     _install_routes(app, served)
     _document_400_not_422(app)
@@ -229,14 +232,29 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(error)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, error: StarletteHTTPException) -> JSONResponse:
-        body = {"error": {"message": str(error.detail), "type": "invalid_request_error", "param": None,
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        message = str(error.detail)
+        if error.status_code == 404:
+            message = _not_found_message(app, request.scope)
+        body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
                           "code": error.status_code}}
         return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, error: Exception) -> JSONResponse:
         return error_response(ExecutionError(f"internal error: {type(error).__name__}"))
+
+
+def _not_found_message(app: FastAPI, scope) -> str:
+    """The router's 404: "Not Found", naming the route where the path is one with trailing slashes
+    (from the scope's path, never from the Host header)."""
+    path = scope.get("path", "")
+    route = path.rstrip("/")
+    if route == path or not any(getattr(known, "path", None) == route for known in app.router.routes):
+        return "Not Found"
+    method = scope.get("method", "")
+    return (f"Not Found: {method} {clipped(path)} (this server's paths take no trailing slash: "
+            f"{method} {route})")
 
 
 def schema_violation(errors, body=None) -> SchemaViolation:

@@ -5,9 +5,16 @@ itself, with an OpenAI-style error body, when the body
 
 - is larger than `max_body_nbytes` (from ``Content-Length`` at once, or while reading a chunked
   body, never holding more than the limit): 413 `BodyTooLarge`;
+- is not empty and was sent with several Content-Type headers (a singleton field: readers that take
+  different ones disagree on what the body is, RFC 9110 8.3; the first was taken): 400 `MalformedBody`;
 - is not empty and was sent with a Content-Type other than JSON (``application/json``,
   ``application/*+json``), or none: 415 `UnsupportedMediaType` (after reading it: a body left unread
   would reset the connection before the answer is read);
+- is sent with a ``Content-Encoding`` other than ``identity`` (gzip, br, ...), or a
+  ``Transfer-Encoding`` other than ``chunked`` (``gzip, chunked``: uvicorn undoes only the chunked
+  framing), which the server does not decode: 415 `UnsupportedContentEncoding`, with
+  ``Accept-Encoding: identity`` (read, then answered, as above; a compressed body was refused as
+  invalid UTF-8 or JSON, and a plain one labelled compressed was served);
 - is not strict UTF-8 (invalid bytes, UTF-8-encoded surrogates) or starts with a byte-order mark:
   400 `MalformedBody`;
 - is not strict JSON: ``NaN``/``Infinity`` literals, numbers beyond the float range (``1e999``,
@@ -128,11 +135,38 @@ def is_json_media_type(content_type: str | None) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
+class UnsupportedContentEncoding(RequestError):
+    """A body sent in a coding the server does not decode: a ``Content-Encoding`` other than
+    ``identity``, a ``Transfer-Encoding`` other than ``chunked`` (HTTP 415, answered with
+    ``Accept-Encoding: identity``)."""
+
+    http_status = 415
+
+    def __init__(self, header: str, codings: str):
+        allowed = "no Content-Encoding" if header == "Content-Encoding" else "no Transfer-Encoding but chunked"
+        super().__init__(f"the request body must be sent uncompressed, with {allowed} (this request's: "
+                         f"{clipped(codings)!r})")
+
+
+# The codings of each header that the server undoes (uvicorn, the chunked framing) or that change nothing.
+_DECODED_CODINGS = {b"content-encoding": ("", "identity"), b"transfer-encoding": ("", "identity", "chunked")}
+
+
+def check_body_codings(scope: Scope) -> None:
+    """`UnsupportedContentEncoding` where a coding header (several of one name read as one list)
+    names a coding the server does not decode."""
+    for header, decoded in _DECODED_CODINGS.items():
+        codings = ", ".join(value.decode("latin-1") for name, value in scope.get("headers", ()) if name == header)
+        if any(coding.strip().lower() not in decoded for coding in codings.split(",")):
+            raise UnsupportedContentEncoding(header.decode().title(), codings)
+
+
 def content_type_of(scope: Scope) -> str | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-type":
-            return value.decode("latin-1")
-    return None
+    """The request's Content-Type (None: it has none); `MalformedBody` where it has several."""
+    values = [value.decode("latin-1") for name, value in scope.get("headers", ()) if name == b"content-type"]
+    if len(values) > 1:
+        raise MalformedBody(f"the request has {len(values)} Content-Type headers; send one")
+    return values[0] if values else None
 
 
 class BodyGuard:
@@ -158,11 +192,14 @@ class BodyGuard:
                 content_type = content_type_of(scope)
                 if not is_json_media_type(content_type):
                     raise UnsupportedMediaType(content_type)  # read first: a body left unread resets the connection
+                check_body_codings(scope)
                 check_json_text(body)
         except RequestError as error:
             response = error_response(error)
             if isinstance(error, RequestTimeout):
                 response.headers["connection"] = "close"  # the rest of the body may still be on its way
+            elif isinstance(error, UnsupportedContentEncoding):
+                response.headers["accept-encoding"] = "identity"  # RFC 9110 15.5.16: the codings accepted
             await response(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive), send)

@@ -23,6 +23,11 @@ subclass of that protocol, one instance per connection, which adds:
   shut, and it is closed when the client closes or `REFUSAL_LINGER_S` later (so that a client that
   already sent its request reads the 503 rather than a reset; at most `MAX_LINGERING` linger at
   once, more are closed at once); the refusals are logged at most once per `REFUSAL_LOG_INTERVAL_S`;
+- a request with a body that asks to switch protocols (``Connection: Upgrade`` with ``Upgrade: h2c``,
+  as ``curl --http2`` sends on a plain-HTTP POST; anything but an accepted WebSocket upgrade) gets
+  400 and the connection is closed: llhttp ends such a message at its headers and leaves the body to
+  the new protocol, so uvicorn served it with an empty body and then parsed the body's later bytes
+  as the next request. Without a body, the Upgrade header is ignored and the request served;
 - bytes the parser refuses (not an HTTP/1.1 request: a garbage request line, a bad header, broken
   chunk framing) get 400 and the connection is closed, as uvicorn does, but with the server's JSON
   error body, and never written into an earlier response still being sent (uvicorn wrote its
@@ -79,6 +84,15 @@ class HeadTooLarge(RequestError):
 
 class MalformedRequest(RequestError):
     """Bytes on the connection that httptools does not parse as an HTTP/1.1 request."""
+
+
+class UpgradeWithBody(RequestError):
+    """A request with a body that asks to switch to a protocol this server does not speak (HTTP 400)."""
+
+    def __init__(self, upgrade: bytes):
+        super().__init__(f"this server speaks HTTP/1.1 only and cannot switch protocols (Upgrade: "
+                         f"{upgrade[:64].decode('latin-1')!r}) for a request with a body: send it without "
+                         "the Upgrade header (curl: --http1.1)")
 
 
 class ConnectionCapReached(OverloadedError):
@@ -193,6 +207,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._arm(self.limits.head_timeout_s)
 
     def on_headers_complete(self) -> None:
+        if self.parser.should_upgrade() and not self._should_upgrade() and self._has_body():
+            # llhttp skips this message's body (the new protocol's bytes): it cannot be served.
+            self.is_awaiting_head = False
+            self._answer(UpgradeWithBody(self._get_upgrade() or b""))
+            self.is_discarding = True
+            return
         super().on_headers_complete()
         self.is_awaiting_head = False
         self._disarm()
@@ -202,6 +222,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._arm(self._body_backstop_s())
 
     def on_message_complete(self) -> None:
+        if self.is_discarding:
+            return  # a request refused at its headers (`UpgradeWithBody`): it has no cycle of its own
         super().on_message_complete()
         self._disarm()
         self.is_awaiting_head, self.is_head_begun, self.head_nbytes = True, False, 0
@@ -217,6 +239,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # BodyGuard's deadline starts with the request's task, which a pipelined request only
             # gets once the response before it is complete: the backstop starts again with it.
             self._arm(self._body_backstop_s())
+
+    def _has_body(self) -> bool:
+        return any(name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0") != b"")
+                   for name, value in self.headers)
 
     # Deadlines: one timer per connection, for the head or the body awaited now
 

@@ -106,7 +106,9 @@ class ResponseCounter:
     """ASGI middleware counting HTTP responses by endpoint and status. Paths outside `endpoints`
     (a fixed path -> label map) count as "other", so labels stay a small fixed set. A request whose
     client went away before its response started (it disconnected while its answer was computed)
-    counts as 499, as the access log writes it, whether or not the application then answered."""
+    counts as 499, as the access log writes it, whether or not the application then answered. One
+    the application raised for before its response started counts as 500: the server's error
+    handler, outside this middleware, answers it."""
 
     def __init__(self, app: ASGIApp, counter: Counter, endpoints: Mapping[str, str]):
         self.app = app
@@ -135,6 +137,11 @@ class ResponseCounter:
                 self._counter.labels(endpoint, str(status)).inc()
             await send(message)
 
-        await self.app(scope, noting_receive, counting_send)
+        try:
+            await self.app(scope, noting_receive, counting_send)
+        except Exception:
+            if not is_counted:  # answered 500 outside this middleware (Starlette's ServerErrorMiddleware)
+                self._counter.labels(endpoint, "500").inc()
+            raise
         if not is_counted and is_client_gone:  # gone before any answer, and none was sent
             self._counter.labels(endpoint, str(CLIENT_CLOSED_REQUEST)).inc()
