@@ -9,8 +9,8 @@ from __future__ import annotations
 import signal
 
 from helios.server.engine_process import CPU_LOAD_IMPORTS, LOAD_IMPORTS, ahead_imports
-from helios.server.engine_spawn import EngineOrder, spawn_engine_process
-from support.spawn_probe import AHEAD, report_order
+from helios.server.engine_spawn import ArgsOrder, EngineOrder, spawn_engine_process
+from support.spawn_probe import AHEAD, order_of, refused_order, report_order
 
 JOIN_S = 60  # a spawned Python's start on a crowded machine
 
@@ -49,3 +49,43 @@ def test_a_process_spawned_without_a_device_imports_nothing_ahead():
     assert spawned.connection.poll(JOIN_S)
     assert spawned.connection.recv() == ("model.core", None, None, False, [])
     spawned.process.join(JOIN_S)
+
+
+def test_an_order_sent_ahead_is_made_in_the_engine_process_and_a_discard_still_stops_it():
+    """A core file's order goes as its command line before the serving process's imports (`order_ahead`):
+    the engine process makes it itself; until taken over, a failed start's discard kills it, loading or not."""
+    spawned = spawn_engine_process(report_order, device="cpu")
+    spawned.order_ahead(ArgsOrder(order_of, {"core": "model.core", "threads": 2}))
+    assert spawned.connection.poll(JOIN_S)
+    assert spawned.connection.recv() == ("model.core", {"made in": "the engine process"}, 2, False, list(AHEAD))
+    assert spawned.ordered_ahead and not spawned.ordered
+    spawned.discard()
+    assert spawned.process.exitcode in (0, -signal.SIGKILL)  # it may have ended by itself after its report
+    loading = spawn_engine_process(report_order)
+    loading.order_ahead(ArgsOrder(order_of, {"core": "model.core"}))
+    loading.take()
+    loading.discard()  # taken over: its owner's to stop
+    assert loading.connection.poll(JOIN_S) and loading.connection.recv()[0] == "model.core"
+    loading.process.join(JOIN_S)
+    assert loading.process.exitcode == 0
+
+
+def test_an_order_the_engine_process_cannot_make_is_reported_typed():
+    from helios.errors import UsageError
+    from helios.server.engine_process import _Failed
+
+    spawned = spawn_engine_process(report_order)
+    spawned.order_ahead(ArgsOrder(refused_order, {"flag": "max-active"}))
+    assert spawned.connection.poll(JOIN_S)
+    failed = spawned.connection.recv()
+    assert isinstance(failed, _Failed) and isinstance(failed.error, UsageError)
+    assert str(failed.error) == "--max-active is refused"
+    spawned.process.join(JOIN_S)
+    assert spawned.process.exitcode == 0
+
+
+def test_a_discard_stops_an_order_sent_ahead_while_it_waits_for_its_imports():
+    spawned = spawn_engine_process(report_order, device="cpu")
+    spawned.order_ahead(ArgsOrder(order_of, {"core": "model.core"}))
+    spawned.discard()
+    assert spawned.process.exitcode == -signal.SIGKILL and spawned.connection.closed

@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 
+from helios.cli import serve_order
 from helios.cli.core_options import TRUST_ENV
 from helios.cli.rank_options import add_rank_options
 from helios.cli.runtime_flags import add_runtime_flags
@@ -27,7 +28,7 @@ from helios.server.defaults import (
     DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEAD_TIMEOUT_S, DEFAULT_MAX_BODY_NBYTES, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_HEAD_NBYTES, DEFAULT_SEND_TIMEOUT_S, DRAIN_SECONDS,
 )
-from helios.server.engine_spawn import spawn_engine_process
+from helios.server.engine_spawn import ArgsOrder, spawn_engine_process
 from helios.server.start_trace import mark
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -171,8 +172,11 @@ def run(args: argparse.Namespace) -> int:
     if args.allow_internal_image_hosts and not args.allow_remote_images:
         raise UsageError("--allow-internal-image-hosts is only meaningful with --allow-remote-images")
     spawned = spawn_engine_process(device=args.device) if args.engine_process else None  # its imports run beside ours
+    mark("serve: engine process started")
     try:
-        mark("serve: engine process started")
+        if spawned is not None and args.core is not None:  # it loads beside our imports (`helios.cli.serve_order`)
+            spawned.order_ahead(ArgsOrder(serve_order.engine_order, args))
+            mark("serve: load ordered ahead")
         from helios.cli import serve_run  # torch, the runtime and the HTTP stack
 
         mark("serve: serving stack imported")

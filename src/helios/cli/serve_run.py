@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import sys
 import time
 
 import torch
 
-from helios.cli.core_options import TRUST_ENV, aes_key_from_args, open_core_from_args
+from helios.cli import serve_order
+from helios.cli.core_options import aes_key_from_args, open_core_from_args
 from helios.cli.main import printable_line
-from helios.cli.rank_options import rank_options_from_args
-from helios.cli.runtime_flags import runtime_flags
-from helios.contract import StartupOptions, resolve_settings
+from helios.contract import resolve_settings
 from helios.core.reader import Core, open_core
-from helios.errors import UsageError
 from helios.frontend.images.decode import ImageLimits
 from helios.runtime.loading.model import resource_of_kind
 from helios.runtime.service import RuntimeOptions, build_runtime
@@ -35,12 +32,9 @@ from helios.server.start_trace import mark
 def run(args: argparse.Namespace, names: tuple[str, ...], spawned: EngineSpawn | None) -> int:
     """`helios serve` once its flags are checked (`helios.cli.serve_cmd.run`); `names`: the served
     model names; `spawned`: the engine process started ahead (None: the model in this process)."""
-    ranks = rank_options_from_args(args)
+    runtime_options = serve_order.runtime_options(args)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    startup = StartupOptions(max_concurrency=args.max_active, context_tokens=args.context_tokens)
-    load, policy, host_pages = runtime_flags(args, startup, args.device)
-    runtime_options = RuntimeOptions(load, args.queue_capacity, policy, host_pages, ranks=ranks)
     with contextlib.closing(bind(args.host, args.port)) as sock:  # a taken port fails before the load
         runtime, owned_by, ahead = _start(args, runtime_options, spawned)
         options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
@@ -65,11 +59,8 @@ def run(args: argparse.Namespace, names: tuple[str, ...], spawned: EngineSpawn |
 def _open(args: argparse.Namespace) -> tuple[Core, CoreSource]:
     """The verified core, and how an engine process opens it again."""
     if args.core:
-        if not args.accept:
-            raise UsageError("--accept NAMESPACE is required to serve a core file")
-        core = open_core_from_args(args, args.core)
-        keys = args.trust or [p for p in os.environ.get(TRUST_ENV, "").split(os.pathsep) if p]
-        return core, CoreSource(str(args.core), args.accept, tuple(keys), aes_key_from_args(args))
+        source = serve_order.core_source(args)
+        return open_core_from_args(args, args.core), source
     from helios.embedded.prepared import embedded_core
 
     embedded = embedded_core()

@@ -126,8 +126,12 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
     process, connection = spawned.process, spawned.connection
     try:
         try:
-            spawned.order(EngineOrder(source, options, torch_threads))
-            mark("serve: load ordered")
+            if spawned.ordered_ahead:  # it made this same order from the command line, and loads already
+                spawned.take()
+                mark("serve: engine process taken over")
+            else:
+                spawned.order(EngineOrder(source, options, torch_threads))
+                mark("serve: load ordered")
         except OSError:  # it ended before its order: how is said below
             message = None
         else:
@@ -197,7 +201,7 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
         runtime = _load(source, options, torch_threads)
         mark("engine: loaded and started")
     except BaseException as error:  # noqa: BLE001 - reported to the serving process
-        _send_quietly(connection, _Failed(_portable(error)))
+        report_failure(connection, error)
         return
     try:
         from helios.runtime.engine_link import stats_fields
@@ -215,6 +219,11 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
         serve_link(connection, runtime.engine, grammars.compile)
     finally:
         runtime.close()
+
+
+def report_failure(connection, error: BaseException) -> None:
+    """Sends the serving process the startup error `error` (as `_portable` makes it), if it is there."""
+    _send_quietly(connection, _Failed(_portable(error)))
 
 
 def _send_quietly(connection, message) -> bool:

@@ -8,10 +8,17 @@ process's imports run beside the serving process's, those its load would make af
 (`helios.server.engine_process.ahead_imports`: on the CPU, torch's program deserializer among
 them), and on a CUDA device a thread starts the device's context and cuBLAS meanwhile
 (`helios.server.engine_process.warm_device`). It then waits for its order (the core's source,
-the runtime options, its torch threads), which `helios.server.engine_process.start_engine_process`
-sends once the serving process has verified the core and bound its socket, and loads. A start that
-fails before the order (a refused option, a taken port, a signal) stops it with `discard`; a
-serving process that is gone stops it too (its orphan watch), and so does the end of the pipe.
+the runtime options, its torch threads) and loads. For a core file the order is sent at once
+(`order_ahead`), as the command line it is made from (`ArgsOrder`: the engine process makes it
+itself, as the serving process will): the load runs beside the serving process's imports. The
+engine process opens and verifies the core itself, so nothing is loaded that the trusted keys do
+not admit; the serving process still verifies it, and checks every flag, before it takes the process
+over (`take`), so its errors come first and are its own. Otherwise (the embedded model, which a first
+start prepares in the serving process) `helios.server.engine_process.start_engine_process` sends the
+order once the serving process has verified the core and bound its socket. A start that fails before
+the process is taken over or ordered (a refused option, a taken port, a signal) stops it with
+`discard`, loading or not; a serving process that is gone stops it too (its orphan watch), and so
+does the end of the pipe.
 
 In the engine process the serving process decides when it stops: SIGINT and SIGTERM are ignored
 from the first line of its entry, and SIGUSR1 prints its threads' stacks (`helios.cli.stack_dumps`
@@ -45,21 +52,45 @@ class EngineOrder:
     torch_threads: int | None = None
 
 
+@dataclass(frozen=True)
+class ArgsOrder:
+    """An order the engine process makes itself: `make(args)` returns its `EngineOrder` (a module-level
+    function, pickled by reference: `helios.cli.serve_order.engine_order`)."""
+
+    make: Callable
+    args: object
+
+
 class EngineSpawn:
     """An engine process started ahead of its order, and the serving process's end of its pipe."""
 
     def __init__(self, process, connection):
         self.process = process
         self.connection = connection
-        self.ordered = False
+        self.ordered = False  # the process is its owner's to stop (`take`, `order`), not `discard`'s
+        self.ordered_ahead = False
 
     def order(self, message: EngineOrder) -> None:
         """Sends the load order (once); `OSError` where the process is gone."""
         self.ordered = True  # sent or not, the process is the caller's to stop from here on
         self.connection.send(message)
 
+    def order_ahead(self, message: ArgsOrder) -> None:
+        """Sends the order before the serving process has checked it: the process loads, but `discard`
+        still stops it until it is taken over (`take`). One whose pipe is closed is left to `take`'s owner
+        (which reads how it ended)."""
+        try:
+            self.connection.send(message)
+        except OSError:
+            pass
+        self.ordered_ahead = True
+
+    def take(self) -> None:
+        """The process ordered ahead is the caller's to stop from here on."""
+        self.ordered = True
+
     def discard(self) -> None:
-        """Stops the process unless it was ordered to load (idempotent)."""
+        """Stops the process unless it was ordered to load or taken over (idempotent)."""
         if self.ordered:
             return
         self.ordered = True
@@ -107,6 +138,14 @@ def _engine_entry(connection, parent_pid: int, main: Callable | None, device: st
     except (EOFError, OSError):  # discarded: the start failed before the order
         return
     mark("engine: load order received")
+    if isinstance(order, ArgsOrder):
+        try:
+            order = order.make(order.args)
+        except BaseException as error:  # noqa: BLE001 - the serving process reports it (its own checks come first)
+            from helios.server.engine_process import report_failure
+
+            report_failure(connection, error)
+            return
     main(connection, order.source, order.options, order.torch_threads, serving)
 
 
