@@ -18,7 +18,10 @@ history ends exactly at their pending token; otherwise every lane gets zero cand
 PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
 invalidates everything remembered for the slot), whichever graph's step admits it, and page tables receive only the entries new
 since the last upload. Persistent-state rows a program writes are zeroed at admission, unless the
-core has an INITIALIZATION graph: the executor then runs it over the admitted rows instead. SNAPSHOT
+core has an INITIALIZATION graph: the executor then runs it over the admitted rows instead. A
+request with a penalty that is admitted again with outputs (readmitted after preemption) gets its
+slot's output counts (the ``output_counts`` state view) rebuilt from the emissions the packer
+observed for it, so its penalties count every output token, as had it never left its slot. SNAPSHOT
 and RESTORATION graphs hold no request lane: `pack_state_copies` fills them from state-copy rows
 (`helios.runtime.execution.state_programs`). Which
 sources and indexings are supplied is `helios.contract.servable.SOURCES`, the table validation
@@ -49,6 +52,7 @@ Thread ownership: one packer per model worker; not thread-safe.
 
 from __future__ import annotations
 
+from functools import cached_property
 from operator import attrgetter
 from typing import Mapping, Sequence
 
@@ -110,6 +114,10 @@ class Packer:
         # A core with an INITIALIZATION graph initializes admitted slots itself (the executor runs it).
         self._initializes = bool(prepared.graphs_for(S.GRAPH_OPERATION_INITIALIZATION))
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
+        # Validated emissions of requests with a penalty (`observe`): a slot that admits one of them
+        # again (after preemption) gets its output counts back from them (`_restore_output_counts`).
+        self._outputs: dict[str, list[int]] = {}
+        self._model_contract = prepared.contract.model
         self._unindexed: set[str] = set()  # registered requests whose history index is not built yet
         self._allowed = allowed_row(prepared.contract.model.vocabulary)
         self._kept = KeptValues(buffers, (name for names in self._written_state.values() for name in names))
@@ -134,6 +142,8 @@ class Packer:
         self._requests[spec.request_id] = spec
         self._num_logprob_requests += spec.top_logprobs is not None
         self._num_drawing_requests += not spec.sampling.is_greedy
+        if spec.sampling.penalised:
+            self._outputs[spec.request_id] = []
         self._kept.clear()  # values kept for an id registered again may be the old spec's
         if self._contexts is not None:
             self._contexts[spec.request_id] = list(spec.prompt_ids)
@@ -167,6 +177,7 @@ class Packer:
         if self._histories is not None:
             self._histories.pop(request_id, None)
             self._unindexed.discard(request_id)
+        self._outputs.pop(request_id, None)
 
     @property
     def num_requests(self) -> int:
@@ -177,7 +188,13 @@ class Packer:
         return self._requests.get(request_id)
 
     def observe(self, plan: StepPlan, results: Sequence[RowResult]) -> None:
-        """Validated emissions of `plan`, in row order: they extend the requests' histories."""
+        """Validated emissions of `plan`, in row order: they extend the requests' histories (and the
+        outputs kept for requests with a penalty)."""
+        if self._outputs:  # only while a request with a penalty is registered
+            for row, result in zip(plan.rows, results):
+                outputs = self._outputs.get(row.request_id)
+                if outputs is not None:
+                    outputs.extend(result.token_ids)
         if self._contexts is not None:
             for row, result in zip(plan.rows, results):
                 context = self._contexts.get(row.request_id)
@@ -203,6 +220,7 @@ class Packer:
         for row, _ in admitting:
             if not self._initializes:
                 self._reset_state(graph, row.slot)
+            self._restore_output_counts(row)
         for binding in self._elsewhere[graph]:  # another graph's per-slot values, fixed at admission
             for row, req in admitting:
                 self._kept.forget(binding.buffer_name)
@@ -314,6 +332,28 @@ class Packer:
         width = self._buffers[ids.buffer_name].shape[1]
         return [() if masked and row.constrained else self.candidates(row, width) for row in rows]
 
+
+    def _restore_output_counts(self, row: PlanRow) -> None:
+        """A slot admitting a request that already has outputs (readmitted after preemption: its
+        state was zeroed, or recomputed by an INITIALIZATION program packed before this) counts
+        them again, so its penalties see them."""
+        outputs = self._outputs.get(row.request_id)
+        if outputs and self._output_counts is not None:
+            self._kept.forget(self._output_counts)
+            target = self._buffers[self._output_counts][row.slot]  # (the programs read output_counts[slot])
+            self._staging.write_counts(self._output_counts, target, outputs)
+
+    @cached_property
+    def _output_counts(self) -> str | None:
+        """The buffer of the contract's ``output_counts`` state view (one int32 row of counts per slot,
+        ``output_counts[slot, token]``), or None when the core keeps its counts otherwise."""
+        view = next((v for v in self._model_contract.state_views if v.name == "output_counts"), None)
+        if view is None or view.buffer not in self._buffers or view.byte_offset:
+            return None
+        buffer = self._buffers[view.buffer]
+        if buffer.dim() != 2 or buffer.dtype != torch.int32 or view.row_stride != buffer.shape[1] * 4:
+            return None
+        return view.buffer
 
     def _reset_state(self, graph: str, slot: int) -> None:
         rows = slice(slot * self._state_rows, (slot + 1) * self._state_rows)

@@ -206,7 +206,11 @@ class StepBuilder:
                 want = min(1 if req.spec.single_lane else lane_limit, req.num_output_budget)
             else:
                 want = self.cache.until_boundary(req, req.frontier, ahead)
-            room = max_tokens - draft.num_tokens - num_decoders
+            # one token for each later decoding lane that can still get a row: a SPECULATIVE program
+            # narrower than the cohort (`--speculative-batches`) leaves the others for a later step,
+            # and reserving for them would skip the lanes first in scheduling order
+            reserved = min(num_decoders, max_rows - len(draft.rows) - 1)
+            room = max_tokens - draft.num_tokens - reserved
             if room > 0:
                 self._schedule_lane(draft, req, min(want, room))
         if operation in (Operation.PREFILL, Operation.MIXED, Operation.SCORED_PREFILL) and not draft.preempted:
