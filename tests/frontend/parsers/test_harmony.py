@@ -70,8 +70,8 @@ CASES = {
         Expect("", "", errors=(K.UNKNOWN_RECIPIENT,)),
     ),
     "arguments_not_an_object": (
-        BOUNDARY, [call("get_weather", '{"city": "Par')], Expect("", "", (Call("get_weather", {}, complete=False),),
-                                                                  (K.MALFORMED_CALL,)),
+        # no call: the arguments' text is content (`test_finish_mid_call`)
+        BOUNDARY, [call("get_weather", '{"city": "Par')], Expect("", '{"city": "Par', errors=(K.MALFORMED_CALL,)),
     ),
     "unknown_channel_and_missing_channel": (
         BOUNDARY, [frame("secret", "x"), "<|start|>assistant<|message|>lost<|end|>", frame("final", "ok", end="")],
@@ -104,14 +104,18 @@ def test_golden(harmony_tokenizer, delimiters, name):
     check_golden(make, stream, delimiters, expect, seed=name, num_random=30)
 
 
-def test_call_id_and_name_stream_at_the_header(harmony_tokenizer, delimiters):
-    """The call starts (id, name) as soon as its header completes; arguments follow at its end."""
+def test_a_call_streams_whole_at_the_end_of_its_message(harmony_tokenizer, delimiters):
+    """The call (id, name, arguments) comes when its message ends, once its arguments are known to
+    be a JSON object: a call started at the header could not be taken back where they are not."""
     pipeline = OutputPipeline.create(SYNTAX, delimiters, OutputRequest(TOOLS, "call_", OutputStart(frame=HEADER)))
     ids = encode(harmony_tokenizer, ["<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>"])
     events = [event for feed in detokenize(harmony_tokenizer, ids) for event in pipeline.feed(*feed)]
+    assert not [e for e in events if isinstance(e, ToolCallStart)]
+    for feed in detokenize(harmony_tokenizer, encode(harmony_tokenizer, ['{"a": 1}'])):
+        assert not pipeline.feed(*feed)
+    events = pipeline.finish()
     assert [e for e in events if isinstance(e, ToolCallStart)] == [ToolCallStart(0, "call_0", "get_time")]
-    pipeline.feed(*detokenize(harmony_tokenizer, encode(harmony_tokenizer, ["{}"]))[0])
-    assert [e for e in pipeline.finish() if isinstance(e, ToolCallArguments)] == [ToolCallArguments(0, "{}")]
+    assert [e for e in events if isinstance(e, ToolCallArguments)] == [ToolCallArguments(0, '{"a": 1}')]
 
 
 def test_headers_read_both_recipient_placements():

@@ -83,7 +83,9 @@ CASES = {
     "typed_scalar_invalid_and_unterminated": (
         BOUNDARY, [frame("functions.get_weather", '<atem:function_calls>\n<atem:invoke name="get_weather">\n'
                          '<atem:parameter name="days">soon</atem:parameter>\n<atem:parameter name="city">Os', end="")],
-        Expect("", "", (Call("get_weather", {"days": "soon", "city": "Os"}, complete=False),), (K.INVALID_VALUE, K.UNTERMINATED_CALL)),
+        # no call: its text is content, even in a tool frame (`test_finish_mid_call`)
+        Expect("", '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="days">soon'
+                   '</atem:parameter>\n<atem:parameter name="city">Os', errors=(K.UNTERMINATED_CALL,)),
     ),
 }
 

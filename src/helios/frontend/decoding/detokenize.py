@@ -92,6 +92,7 @@ class IncrementalDetokenizer:
         # Settled pending text (see the module docstring): ids[read_offset:live_start] read as the
         # pieces, then ids[live_start:] decode to the live text. live_start == prefix_offset: unsettled.
         self._settled: list[str] = []
+        self._settled_len = 0  # characters in the settled pieces
         self._live_start = self._prefix_offset
         self._live_text = ""
         self._next_settle = 0  # ids in the live window at the next settling try
@@ -101,6 +102,7 @@ class IncrementalDetokenizer:
         self._is_run_valid = True  # no UTF-8 error in the open run's bytes so far
         self._is_text_stale = False  # ids fed since the pending text was last decoded (a valid open run)
         self._skipped_specials: dict[int, bool] = {}
+        self._probe_ids: tuple[int, ...] | None = None  # `ends_in_stray_byte`'s byte tokens, found on first use
 
     def _usable_context(self, context_ids: Sequence[int]) -> list[int]:
         """The last `CONTEXT_IDS` of `context_ids`, or none where they hold no text but special
@@ -147,6 +149,44 @@ class IncrementalDetokenizer:
                 self._live_text = self._decode(self._live_start, len(self._ids))
             else:
                 self._open_text = self._decode(self._prefix_offset, len(self._ids))[len(self._prefix()) :]
+
+    def fixed_open_text(self, start: int = 0) -> str:
+        """The pending text from character `start` on that no later id changes: `open_text` but its
+        last character (the open one, U+FFFD, which a later id may complete, or a stray byte the text
+        alone cannot tell from one). "" while a byte-fallback run is open (a later byte can change the
+        whole run's text) or the pending ids show no text. While the ids stay pending it only grows,
+        so a caller reads each character once by passing the number it has read; a call costs the
+        unsettled text and the pieces settled after `start`, not the whole pending text."""
+        if self._is_byte_fallback and self._in_byte_run:
+            return ""
+        live = self._live_text if self._settled else self._open_text
+        if not live.endswith(REPLACEMENT_CHAR):
+            return ""
+        parts, at = [live[:-1]], self._settled_len  # at: where the first of `parts` starts
+        for piece in reversed(self._settled):
+            if at <= start:
+                break
+            at -= len(piece)
+            parts.append(piece)
+        return "".join(reversed(parts))[max(0, start - at):]
+
+    def ends_in_stray_byte(self) -> bool:
+        """Whether the pending text's last character is a U+FFFD that no later id changes (a stray
+        byte, or a literal U+FFFD), not an open character. Decodes the pending window followed by each
+        of the lone bytes 0x80 and 0xA0 (one of them continues any open character's bytes): an open
+        character then reads the same or completes, a final U+FFFD gains one U+FFFD after it. False
+        where the tokenizer has no such byte tokens, or while a byte-fallback run is open."""
+        if self._is_byte_fallback and self._in_byte_run or self._read_offset == len(self._ids):
+            return False
+        if self._probe_ids is None:
+            self._probe_ids = _continuation_byte_ids(self._tokenizer)
+        start = self._live_start if self._settled else self._prefix_offset
+        text = self._decode(start, len(self._ids))
+        if not self._probe_ids or not text.endswith(REPLACEMENT_CHAR):
+            return False
+        window = self._ids[start:]
+        return all(self._tokenizer.decode(window + [probe], skip_special_tokens=self._skip_special_tokens)
+                   == text + REPLACEMENT_CHAR for probe in self._probe_ids)
 
     @property
     def num_settled_pieces(self) -> int:
@@ -223,7 +263,7 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         self._prefix_text = None
         self._open_text = ""
-        self._settled = []
+        self._settled, self._settled_len = [], 0
         self._live_start, self._live_text, self._next_settle = self._prefix_offset, "", 0
         self._is_text_stale = False
 
@@ -250,6 +290,7 @@ class IncrementalDetokenizer:
             return
         piece = before[len(prefix_text) :]
         self._settled.append(piece)
+        self._settled_len += len(piece)
         self._live_start, self._live_text, self._next_settle = start, live_text, 0
         self._open_text = ""
 
@@ -326,6 +367,24 @@ def _byte_of(tokenizer: Decoder, token_id: int) -> int | None:
         return int(token[3:5], 16)
     except ValueError:
         return None
+
+
+def _continuation_byte_ids(tokenizer: Decoder) -> tuple[int, ...]:
+    """The ids of the lone bytes 0x80 and 0xA0 (byte-fallback ``<0xNN>`` or byte-level alphabet
+    tokens, each decoding alone to U+FFFD), or () where the tokenizer has no such pair."""
+    if not hasattr(tokenizer, "token_to_id"):
+        return ()
+    for spell in (lambda byte: f"<0x{byte:02X}>", lambda byte: _BYTE_LEVEL_CHARS[byte]):
+        ids = tuple(tokenizer.token_to_id(spell(byte)) for byte in (0x80, 0xA0))
+        if all(token_id is not None and tokenizer.decode([token_id], skip_special_tokens=False) == REPLACEMENT_CHAR
+               for token_id in ids):
+            return ids
+    return ()
+
+
+# GPT-2's byte-level alphabet (`tokenizers`' ByteLevel): printable bytes spell themselves, the others
+# U+0100 on, in byte order. Only the two bytes `_continuation_byte_ids` needs are kept.
+_BYTE_LEVEL_CHARS = {0x80: chr(0x100 + 0x21 + 0x80 - 0x7F), 0xA0: chr(0x100 + 0x21 + 0xA0 - 0x7F)}
 
 
 def _reads_byte_groups(tokenizer: Decoder) -> bool:

@@ -10,9 +10,11 @@ the request's output pipeline and fed in generation order:
 
 String stops match the decoded text before presentation, including reasoning and tool envelopes, so
 `text` must be the raw delta (envelope markup included). The detokenizer already holds back partial
-UTF-8 characters; the matcher holds back any suffix that could still grow into a stop. The first
-completed match (the one ending earliest; of those, the longest) removes the stop string and every
-character after it, also within the same sampled token. Token stops hold back ids that form a proper
+UTF-8 characters; the matcher holds back any suffix that could still grow into a stop. The text the
+detokenizer holds that no later id changes can be matched before it is fed (`look_ahead`), so a
+stop takes effect on the token whose text completes it. The first completed match (the one ending
+earliest; of those, the longest) removes the stop string and every character after it, also within
+the same sampled token. Token stops hold back ids that form a proper
 prefix of a stop sequence and omit matched ids from presentation. Usage and raw-token observation
 still count every fed token, including the one that crossed or formed the stop.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol, Sequence
 
 from helios.errors import RequestError
+from helios.frontend.decoding.detokenize import REPLACEMENT_CHAR
 from helios.frontend.decoding.text_bounds import is_unicode_text
 
 MAX_STOP_STRINGS = 4
@@ -155,6 +158,9 @@ class StringStopMatcher:
         self._stops = tuple(stops)
         self._max_len = max(len(stop) for stop in self._stops)
         self._held = ""
+        self._ahead = ""  # the held text and the text looked ahead at since, its last max_len - 1 characters
+        # a stop may end in U+FFFD, which the detokenizer's pending text ends with until it is known
+        self.can_end_in_replacement = any(stop.endswith(REPLACEMENT_CHAR) for stop in self._stops)
         self._done = False
 
     @property
@@ -172,7 +178,26 @@ class StringStopMatcher:
             return StopResult(buffer[:start], True)
         keep = _live_prefix_start(buffer, self._stops, self._max_len)
         self._held = buffer[keep:]
+        if text:
+            self._ahead = self._held
         return StopResult(buffer[:keep], False)
+
+    def look_ahead(self, text: str) -> bool:
+        """Whether a stop completes in the held text followed by every `text` looked ahead at since
+        the last feed of text: text known to come next but not fed yet (the fixed part of the
+        detokenizer's pending text), each part given once, in order. Keeps only the characters a
+        stop can still need, so each character is scanned a bounded number of times."""
+        if self._done or not text:
+            return False
+        window = self._ahead + text
+        if _first_completed_match(window, self._stops) is not None:
+            return True
+        self._ahead = window[max(0, len(window) - self._max_len + 1):] if self._max_len > 1 else ""
+        return False
+
+    def completes_ahead(self, text: str) -> bool:
+        """Whether a stop would complete were `text` to follow what was looked ahead at (not kept)."""
+        return not self._done and _first_completed_match(self._ahead + text, self._stops) is not None
 
     def finish(self, final_text: str = "") -> str:
         """EOS or output limit: matches `final_text` (the detokenizer's flushed tail) like a feed,

@@ -11,15 +11,16 @@ Every spelling comes from `ChannelSyntax`. The seven controls delimit only as th
 channel control, an optional recipient (recipient marker + name, before or after the channel) and
 an optional content type after the constrain control. Reasoning channels -> `ReasoningDelta`;
 content channels without a recipient -> `ContentDelta`; a recipient in the tool namespace -> one
-OpenAI tool call of that function (on any channel): `ToolCallStart` when the header completes, the
-JSON arguments when the message ends (end/call/return control, or the end of the output: the call
-and return controls are normally EOS tokens, which are not fed). Generation itself ends only at the
-core's EOS ids.
+OpenAI tool call of that function (on any channel), its events (id, name and JSON arguments) all
+when the message ends (end/call/return control, or the end of the output: the call and return
+controls are normally EOS tokens, which are not fed), once its arguments are known to be a call.
+Generation itself ends only at the core's EOS ids.
 
 Recovery: text between frames -> `UNEXPECTED_TEXT` (dropped); a header without a channel, with
 another role, or with an unknown channel -> `MALFORMED_HEADER`, its body dropped; a recipient outside
 the tool namespace -> `UNKNOWN_RECIPIENT`, an unregistered function -> `UNKNOWN_TOOL`, body dropped;
-arguments that are not one JSON object -> `MALFORMED_CALL`, the call ends incomplete with ``{}``;
+arguments that are not one JSON object (written so, or cut by the output's end) -> `MALFORMED_CALL`,
+no call, the arguments' text is content (as JSON-call syntaxes show a block that does not parse);
 a start control inside a body -> `MISPLACED_CONTROL`, the body is closed and the new header read;
 other controls where they cannot delimit -> `MISPLACED_CONTROL`, dropped.
 """
@@ -107,7 +108,7 @@ class HarmonyParser:
         self._state = _S.BOUNDARY
         self._pieces: list[str] = []  # header text, or stray text between frames
         self._body = _Body.DROPPED
-        self._call: tuple[int, str] | None = None  # (index, name) of the open tool frame
+        self._call: str | None = None  # the function of the open tool frame
         self._arguments: list[str] = []
         self._startup: list[Event] = []
         if start.position is FramePosition.HEADER:
@@ -201,23 +202,24 @@ class HarmonyParser:
         elif not self._registry.has(name):
             out.append(ParseError(ParseErrorKind.UNKNOWN_TOOL, name))
         else:
-            index, call_id = self._ids.allocate()
-            self._body, self._call, self._arguments = _Body.TOOL, (index, name), []
-            out.append(ToolCallStart(index, call_id, name))
+            self._body, self._call, self._arguments = _Body.TOOL, name, []
 
     def _close_body(self, out: list[Event]) -> None:
         if self._call is not None:
-            (index, name), raw = self._call, "".join(self._arguments).strip()
+            name, text = self._call, "".join(self._arguments)
+            raw = text.strip()
             self._call, self._arguments = None, []
             try:
                 value = parse_json(raw)  # strict: NaN and Infinity are no JSON a client reads
             except (ValueError, RecursionError):  # RecursionError: nesting too deep
                 value = None
             if isinstance(value, dict):
-                out += [ToolCallArguments(index, raw), ToolCallEnd(index, True)]
+                index, call_id = self._ids.allocate()
+                out += [ToolCallStart(index, call_id, name), ToolCallArguments(index, raw), ToolCallEnd(index, True)]
             else:
                 out.append(ParseError(ParseErrorKind.MALFORMED_CALL, f"{name}: {raw[:DETAIL_LEN]!r}"))
-                out += [ToolCallArguments(index, "{}"), ToolCallEnd(index, False)]
+                if text:
+                    out.append(ContentDelta(text))
         self._body = _Body.DROPPED
 
     def _flush_stray(self, out: list[Event]) -> None:

@@ -38,7 +38,9 @@ from helios.frontend.parsers.values import STRICT_JSON, dump_json, parse_json
 from helios.frontend.decoding.syntax import JsonCallSyntax
 
 _DECODER = STRICT_JSON  # NaN, Infinity and 1e999 are not JSON: such a block is malformed
-_SEPARATORS = " \t\r\n,;"
+# Between calls, besides whitespace: any character `str.isspace` accepts (U+00A0, U+3000, U+2028...), as
+# the `str.lstrip` that decides an answer opens a block reads it, so whitespace before a call is not JSON.
+_SEPARATORS = ",;"
 _JSON_STARTS = "{["
 # A call object's arguments under the other of the two spellings models use (Llama 3's template asks
 # for "parameters", fine-tunes of it write "arguments", and the reverse): read, not silently dropped.
@@ -102,30 +104,31 @@ def _arguments_text(arguments: dict) -> str:
 
 
 def _named_calls(body: str, syntax: JsonCallSyntax) -> list[ParsedCall]:
-    calls, at = [], _skip(body, 0, " \t\r\n")
+    calls, at = [], _skip(body, 0)
     while at < len(body):
         at = _expect(body, at, syntax.invoke_open)
         end = body.find(syntax.name_end, at)
         if end < 0:
             raise MalformedCalls("a function name is not terminated")
         name, at = body[at:end].strip(), end + len(syntax.name_end)
-        at = _expect(body, _skip(body, at, " \t\r\n"), syntax.arguments_open)
+        at = _expect(body, _skip(body, at), syntax.arguments_open)
         try:
-            arguments, at = _DECODER.raw_decode(body, _skip(body, at, " \t\r\n"))
+            arguments, at = _DECODER.raw_decode(body, _skip(body, at))
         except (ValueError, RecursionError) as error:
             raise MalformedCalls(f"arguments of {name!r} are not JSON: {error}") from None
         if not isinstance(arguments, dict) or not name:
             raise MalformedCalls(f"call {name!r} has no JSON object arguments")
-        at = _expect(body, _skip(body, at, " \t\r\n"), syntax.arguments_close.strip())
-        at = _skip(body, _expect(body, _skip(body, at, " \t\r\n"), syntax.invoke_close), " \t\r\n")
+        at = _expect(body, _skip(body, at), syntax.arguments_close.strip())
+        at = _skip(body, _expect(body, _skip(body, at), syntax.invoke_close))
         calls.append(ParsedCall(name, _arguments_text(arguments)))
     if not calls:
         raise MalformedCalls("no call in the block")
     return calls
 
 
-def _skip(text: str, at: int, chars: str) -> int:
-    while at < len(text) and text[at] in chars:
+def _skip(text: str, at: int, separators: str = "") -> int:
+    """The first index from `at` that is neither whitespace nor one of `separators`."""
+    while at < len(text) and (text[at].isspace() or text[at] in separators):
         at += 1
     return at
 

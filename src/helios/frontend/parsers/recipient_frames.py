@@ -17,7 +17,8 @@ Recovery: text between frames -> `UNEXPECTED_TEXT` (dropped); a header that does
 PREFIX RECIPIENT -> `MALFORMED_HEADER`, its body dropped; an unknown recipient ->
 `UNKNOWN_RECIPIENT`, its body dropped; a start control inside a body -> `MISPLACED_CONTROL`, the body
 is closed and the new header read; a message control outside a header -> `MISPLACED_CONTROL`,
-dropped. Tool-frame problems follow `tag_tools` with nothing ever shown as content.
+dropped. Tool-frame problems follow `tag_tools` with nothing shown as content but the text of a
+call or tool block the output ends inside (no call is returned for it).
 """
 
 from __future__ import annotations

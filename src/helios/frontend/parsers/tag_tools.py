@@ -23,9 +23,12 @@ answer text (`StrayText.CONTENT`) and to `MarkupDropped` inside recipient tool f
 - stray text inside a started call: `UNEXPECTED_TEXT` with the complete run, dropped;
 - a typed value that does not parse: kept as a JSON string, `INVALID_VALUE`;
 - a block closer while an invocation is open: the call ends normally, `MALFORMED_CALL`;
-- output ending inside a started call: the call is closed (open value ended, JSON object closed)
-  with ``complete=False`` and `UNTERMINATED_CALL`; ending inside a block with no started call: the
-  block is raw, `UNTERMINATED_CALL`.
+- output ending inside a started call (the output limit, a stop string, EOS): no call, the call's
+  text from its invocation tag on (the block opener too for a block's first call) is answer content,
+  also in tool frames, with `UNTERMINATED_CALL`; so that the stream agrees, a call's events are held
+  from its invocation tag until it ends and are released together; calls that ended before stay
+  calls; ending inside a block with no started call: the block's text is content (in tool frames
+  too), `UNTERMINATED_CALL`.
 """
 
 from __future__ import annotations
@@ -95,8 +98,12 @@ class TagToolParser:
         self._block_calls = 0
         self._num_calls = 0
         self._call: OpenCall | None = None
+        self._held: list[Event] = []  # the open call's events, released when it ends
+        self._call_text: list[str] = []  # the open call's text from its invocation tag on (raw if unterminated)
 
     def feed(self, token_id: int, text: str) -> list[Event]:
+        if self._call is not None:
+            self._call_text.append(text)
         self._buf += text
         out: list[Event] = []
         self._run(out, final=False)
@@ -107,20 +114,27 @@ class TagToolParser:
         to the unterminated markup; elsewhere it is text."""
         out: list[Event] = []
         if self._state is _S.CLOSING:
-            self._end_value(out)
+            self._end_value(self._held)
         if self._state not in (_S.CONTENT, _S.OPAQUE, _S.REJECT_BLOCK, _S.REJECT_INVOKE):
             tail, self._buf = self._buf, ""
             if self._state in (_S.BLOCK, _S.NAME) and not self._block_calls:
                 self._name.append(tail)
             else:
-                self._markup(out, tail)
+                self._markup(self._held if self._call is not None else out, tail)
         self._run(out, final=True)
         self._finish_state(out)
         return out
 
     def _run(self, out: list[Event], final: bool) -> None:
-        while self._buf and self._step(out, final):
-            pass
+        while self._buf and self._step(self._held if self._call is not None else out, final):
+            self._release_ended_call(out)
+        self._release_ended_call(out)
+
+    def _release_ended_call(self, out: list[Event]) -> None:
+        """A call that ended (its closer read): its held events go out, in order."""
+        if self._call is None and self._held:
+            out.extend(self._held)
+            self._held, self._call_text = [], []
 
     def _step(self, out: list[Event], final: bool) -> bool:
         """Consumes what the current state can decide; False when it must wait for more text."""
@@ -305,10 +319,12 @@ class TagToolParser:
                 self._state = _S.REJECT_INVOKE if g.invoke_close else _S.REJECT_BLOCK
             return
         self._flush_stray(out)
-        self._markup(out, "".join(self._raw) + tag_text)
+        opening = "".join(self._raw) + tag_text
         self._raw = []
         index, call_id = self._ids.allocate()
-        out.append(ToolCallStart(index, call_id, name))
+        self._held = [MarkupDropped(opening), ToolCallStart(index, call_id, name)] if opening else \
+            [ToolCallStart(index, call_id, name)]
+        self._call_text = [opening, self._buf]  # the text after the tag is not consumed yet
         self._call = OpenCall(index, name, g.value_wrap, g.value_format)
         self._block_calls += 1
         self._num_calls += 1
@@ -393,16 +409,19 @@ class TagToolParser:
                 out.append(ContentDelta(pending))
             self._flush_stray(out)
         elif state in (_S.BLOCK, _S.NAME) and not self._block_calls:
-            self._raw.append("".join(self._name))
-            self._name = []
-            self._reject_block(out, ParseError(ParseErrorKind.UNTERMINATED_CALL, "output ended in a tool block"))
+            out.append(ParseError(ParseErrorKind.UNTERMINATED_CALL, "output ended in a tool block"))
+            text = "".join(self._raw) + "".join(self._name)
+            if text:  # content in tool frames too, as the text of a call the output ends in
+                out.append(ContentDelta(text))
+            self._raw, self._name = [], []
         elif state is _S.BLOCK:
             self._flush_stray(out)
             out.append(ParseError(ParseErrorKind.UNTERMINATED_CALL, "tool block not closed"))
         elif state in (_S.INVOKE, _S.KEY, _S.VALUE):
-            self._flush_stray(out)
             out.append(ParseError(ParseErrorKind.UNTERMINATED_CALL, self._call.name))
-            out.extend(self._call.end(False))
-            self._call = None
+            text = "".join(self._call_text)
+            if text:  # content in tool frames too: the text the output ended in is not lost
+                out.append(ContentDelta(text))
+            self._call, self._held, self._call_text, self._stray = None, [], [], []
         self._state = _S.CONTENT
         self._after_block = False

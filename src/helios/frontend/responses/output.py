@@ -8,10 +8,13 @@ order, and returns an `OutputStep`:
 2. EOS ids end the output and are not decoded or parsed;
 3. the id is detokenized (special tokens kept, so envelope markup is in the text);
 4. string stops match that decoded text before presentation, reasoning and tool envelopes
-   included; token stops match the ids, before they are detokenized: ids that could begin a stop
-   sequence are held, and a match detokenizes only the ids before it and flushes the detokenizer,
-   so the text shown is the whole decode of those ids (text the detokenizer held for them, an open
-   character as U+FFFD, is never dropped with the stop's ids). A match sets `OutputStep.is_stopped`:
+   included, and the part of the text the detokenizer still holds (behind an open character or a
+   run of stray bytes) that no later id changes, as it becomes known: a stop completed there takes
+   effect on this token, as if that text had been shown (`_stop_ahead_text`); token stops match
+   the ids, before they are detokenized: ids that could begin a stop sequence are held, and a
+   match detokenizes only the ids before it and flushes the detokenizer, so the text shown is the
+   whole decode of those ids (text the detokenizer held for them, an open character as U+FFFD, is
+   never dropped with the stop's ids). A match sets `OutputStep.is_stopped`:
    the caller cancels the rest of the generation, and any later token is ignored;
 5. the text the stops release goes to the parser pipeline, one token's text per feed: text a stop
    matcher held back and released later still reaches the parsers token by token, so a delimiter
@@ -56,7 +59,7 @@ from helios.frontend.decoding.observation import (
     observation_record,
 )
 from helios.frontend.parsers import OutputPipeline
-from helios.frontend.decoding.stops import StopMatcher, TokenStopMatcher
+from helios.frontend.decoding.stops import StopMatcher, StringStopMatcher, TokenStopMatcher
 from helios.runtime.records.events import FinishReason, PromptScoresEvent, TokenLogprobs
 
 NOT_A_TOKEN = -1  # id fed with text that no single generated token ends (flushed or cut text)
@@ -211,6 +214,8 @@ class OutputProcessor:
         self._pipeline = pipeline
         self._stops = stops
         self._token_stops = stops if isinstance(stops, TokenStopMatcher) else None
+        self._string_stops = stops if isinstance(stops, StringStopMatcher) else None
+        self._num_looked_ahead = 0  # characters of the detokenizer's pending text the string stops looked at
         self._held: deque[tuple[int, TokenLogprobs | None]] = deque()  # ids token stops hold, not yet decoded
         self._pending = PendingText()
         self._eos = frozenset(eos_token_ids)
@@ -282,6 +287,10 @@ class OutputProcessor:
             return self._feed_token_stops(observation, token_id, logprobs)
         text = self._detokenizer.feed(token_id)
         entry = self._logprob_entry(token_id, logprobs, text)
+        if text:
+            self._num_looked_ahead = 0
+        elif self._string_stops is not None:
+            text = self._stop_ahead_text()
         if self._stops is None:
             self._logprobs.extend(entry)
             return OutputStep(observation, tuple(self._parse([(token_id, text)])), False, entry)
@@ -295,6 +304,23 @@ class OutputProcessor:
             self._is_ended = self._is_stopped = True
         self._logprobs.extend(entries)
         return OutputStep(observation, tuple(self._parse(segments)), result.matched, tuple(entries))
+
+    def _stop_ahead_text(self) -> str:
+        """The text the detokenizer holds (an open character at its end) that no later id changes,
+        where a string stop completes in it, else "": the stop then takes effect on this token, as
+        it would had that text been shown, not once the open character completes (which a run of
+        stray bytes puts off without bound). A stop ending in U+FFFD completes at a held U+FFFD only
+        once the detokenizer finds it a stray byte, not an open character. Each held character is
+        looked at once (`StringStopMatcher.look_ahead` keeps the characters a stop can still need)."""
+        detokenizer, stops = self._detokenizer, self._string_stops
+        ahead = detokenizer.fixed_open_text(self._num_looked_ahead)
+        self._num_looked_ahead += len(ahead)
+        if stops.look_ahead(ahead):
+            return detokenizer.fixed_open_text()
+        if (stops.can_end_in_replacement and stops.completes_ahead(REPLACEMENT_CHAR)
+                and detokenizer.ends_in_stray_byte()):
+            return detokenizer.fixed_open_text() + REPLACEMENT_CHAR
+        return ""
 
     def _feed_token_stops(self, observation: TokenObservation | None, token_id: int,
                           logprobs: TokenLogprobs | None) -> OutputStep:
