@@ -72,6 +72,7 @@ from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.preparation.prompt import ReasoningState
 from helios.frontend.structured.dead_ends import (REFUSED_TOKEN, BranchVocabulary, SearchBudget, first_token_limit,
                                                   is_dead_end, is_endless, walk)
+from helios.frontend.structured.grammar_lark_depth import lark_shape_error
 from helios.frontend.structured.grammar_shapes import SUBSCHEMA_KEYS, SUBSCHEMA_MAPS, schema_shape_error
 
 MASK_WORD_BITS = 32
@@ -513,7 +514,10 @@ def failure_reason(error: str) -> str:
 
 def shape_error(request: GrammarRequest) -> str:
     """Why a JSON-schema request's shape is one llguidance compiles in unbounded time (its error for
-    a client, see `grammar_shapes`), or "" when it is not (and for other kinds of grammar)."""
+    a client, see `grammar_shapes`), or a Lark request's one its compile recurses too deep through
+    (`grammar_lark_depth`), or "" when it is neither (and for other kinds of grammar)."""
+    if request.kind is GrammarKind.LARK:
+        return lark_shape_error(request.source)
     return schema_shape_error(request.source) if request.kind is GrammarKind.JSON_SCHEMA else ""
 
 

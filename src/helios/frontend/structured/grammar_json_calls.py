@@ -24,6 +24,8 @@ from helios.frontend.structured.grammar_tools import ToolSchema
 from helios.frontend.structured.grammar_values import ValueStyle, safe_bundle, string_pattern
 from helios.frontend.decoding.syntax import JsonCallSyntax
 
+NEWLINE = "\n"
+
 
 def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") -> str:
     """The arguments schema; like the tag grammars, a call writes only the declared properties and
@@ -31,11 +33,14 @@ def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") 
     schema and the tag grammars do; they were an error here, a 400 the check had passed). With a
     block ``closer``, which the parser finds as text, no string or key spells it (`safe_schema`,
     as in tag syntaxes: a string argument holding it ended the block inside the JSON)."""
-    schema = dict(tool.parameters) or {"type": "object"}
+    schema = dict(tool.parameters)
     if "properties" in schema:
         schema.setdefault("additionalProperties", False)
     if closer:
         schema = safe_bundle(schema, tool.document, string_pattern(ValueStyle(), closer))
+    # A call's arguments are a JSON object, whatever else the top level allows (`object_parameters`);
+    # set after the safe bundle, which would give a bare object top level keys of its own to intersect.
+    schema["type"] = "object"
     options = schema.get("x-guidance")
     schema["x-guidance"] = {**json_options, **(options if isinstance(options, Mapping) else {}), "lenient": True}
     return json.dumps(schema, ensure_ascii=False)
@@ -66,14 +71,17 @@ def json_calls_lark(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[To
         raise ValueError("forced calls need at least one callable tool")
     rules = _call_rules(syntax, speller, tools, json_options)
     opener, closer = lark_of(speller(syntax.block_open)), lark_of(speller(syntax.block_close))
-    more = "" if single else "*"
+
+    def repeated(item: str, separator: str) -> str:  # one item when single (a bare group was exactly two)
+        return item if single else f"{item} ({json_literal(separator)} {item})*"
+
     if not syntax.name_key:
-        body = f"{opener} call (\"\\n\" call){more} {closer}"
+        body = f"{opener} {repeated('call', NEWLINE)} {closer}"
     elif not syntax.block_open:
         body = "call"  # the answer itself is the call: one per output
     elif not syntax.block_close:
-        body = f"{opener} \"[\" call (\", \" call){more} \"]\""
+        body = f"{opener} \"[\" {repeated('call', ', ')} \"]\""
     else:
-        body = f"block (\"\\n\" block){more}"
+        body = repeated("block", NEWLINE)
         rules.append(f"block: {opener} \"\\n\" call \"\\n\" {closer}")
     return "\n".join([f"start: {body}", *rules]) + "\n"

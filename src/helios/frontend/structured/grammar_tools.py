@@ -102,15 +102,24 @@ class ToolSchema:
                 out.append(cls(function["name"], parameters if isinstance(parameters, Mapping) else {}, index))
         return tuple(out)
 
+    @property
+    def object_parameters(self) -> dict[str, Any]:
+        """The parameters schema held to a JSON object at its top level (arguments are one): its
+        ``type`` is "object" (absent, or a list holding it, before; `parameters_request` refuses any
+        other), which the top level's other keywords (``anyOf``, ``$ref``, ``enum`` ...) then meet.
+        A schema whose top level allows only other values cannot be satisfied: a 400, where a JSON
+        call or harmony grammar wrote arguments such as ``null`` or ``"x"``, which no parser reads."""
+        return {**self.parameters, "type": "object"}
+
     def parameters_request(self) -> GrammarRequest:
-        """The parameters schema as a lenient JSON-schema grammar (what `GrammarCompiler.check`
-        tries); GrammarError when its top level is no object schema."""
+        """The parameters schema as a lenient JSON-schema grammar of an object (what
+        `GrammarCompiler.check` tries); GrammarError when its top level is no object schema."""
         declared = self.parameters.get("type", "object")
         if declared != "object" and not (isinstance(declared, list) and "object" in declared):
             raise GrammarError(f"must be a JSON schema of type \"object\", not {json.dumps(declared)[:80]}")
         options = self.parameters.get("x-guidance")
         options = {**(options if isinstance(options, Mapping) else {}), "lenient": True}
-        return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({**self.parameters, "x-guidance": options}))
+        return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({**self.object_parameters, "x-guidance": options}))
 
     def properties(self) -> list[tuple[str, Any, bool]]:
         """(name, schema, required) for each declared property the parsers can read, in order."""

@@ -1,0 +1,111 @@
+"""Forced JSON-call grammars (`grammar_json_calls`): how many calls they let through, and that each
+call's arguments are a JSON object.
+
+A named ``tool_choice`` (and ``required`` with ``parallel_tool_calls: false``) allows exactly one
+call; ``required`` with parallel calls one or more. Each JSON-call shape with a separator between
+calls is checked on a small byte-level BPE whose markup is added special tokens: Hermes blocks
+(``<tool_call>`` ... ``</tool_call>`` joined by newlines), Mistral's ``[TOOL_CALLS]`` array and
+DeepSeek's markup calls. Before, a single call grammar demanded exactly two calls (the repetition
+group was left bare), so a forced named call on Hermes, Mistral and DeepSeek families wrote the
+named function twice.
+
+A parameters schema whose top level also allows other values (``anyOf`` with a string branch,
+``type: [object, null]``) let JSON-call and harmony grammars write arguments such as ``"x"`` or
+``null``: the parsers refuse them, so a forced call came back as no call at all (a malformed-call
+error and the markup as content). The grammars now hold the top level to an object, and a schema
+that allows no object at all (``enum: [1]``, a ``$ref`` to an integer) is a 400 naming the tool.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helios.frontend.decoding.syntax import JsonCallSyntax, example_deepseek_v3, example_hermes
+from helios.frontend.parsers import TokenDelimiters
+from helios.frontend.structured.grammar import GrammarCompiler, GrammarError
+from helios.frontend.structured.grammar_json_calls import arguments_schema, json_calls_lark
+from helios.frontend.structured.grammar_lark import Speller
+from helios.frontend.structured.grammar_tools import ToolSchema
+
+from .parsers.conftest import small_bpe
+
+EOS_TEXT = "<|endoftext|>"
+DEEPSEEK = example_deepseek_v3()
+MARKUP = [EOS_TEXT, "<tool_call>", "</tool_call>", "[TOOL_CALLS]", DEEPSEEK.block_open, DEEPSEEK.block_close,
+          "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", DEEPSEEK.invoke_close]
+TOOLS = [ToolSchema("f", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})]
+CALL = '{"name": "f", "arguments": {"a":1}}'
+DEEPSEEK_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\":1}\n```<｜tool▁call▁end｜>"
+# (syntax, one call's output, two calls' output)
+SHAPES = {
+    "hermes": (example_hermes(), f"<tool_call>\n{CALL}\n</tool_call>",
+               f"<tool_call>\n{CALL}\n</tool_call>\n<tool_call>\n{CALL}\n</tool_call>"),
+    "mistral": (JsonCallSyntax("[TOOL_CALLS]", name_key="name", arguments_key="arguments"), f"[TOOL_CALLS][{CALL}]",
+                f"[TOOL_CALLS][{CALL}, {CALL}]"),
+    "deepseek": (DEEPSEEK, f"{DEEPSEEK.block_open}{DEEPSEEK_CALL}{DEEPSEEK.block_close}",
+                 f"{DEEPSEEK.block_open}{DEEPSEEK_CALL}\n{DEEPSEEK_CALL}{DEEPSEEK.block_close}"),
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    tokenizer = small_bpe(MARKUP)
+    eos = tokenizer.token_to_id(EOS_TEXT)
+    compiler = GrammarCompiler.from_tokenizer(tokenizer, vocab_size=tokenizer.get_vocab_size(), eos_token_ids=[eos])
+    speller = Speller.from_tokenizer(tokenizer, compiler.is_special_token, TokenDelimiters())
+    return tokenizer, eos, compiler, speller
+
+
+def takes(model, lark: str, text: str) -> bool:
+    """Whether the Lark grammar takes all of ``text`` and then its end (EOS)."""
+    tokenizer, eos, compiler, _ = model
+    matcher = compiler.compile_lark(lark, None)
+    ids = tokenizer.encode(text, add_special_tokens=False).ids + [eos]
+    return all(matcher.consume_token(token_id) for token_id in ids) and matcher.is_stopped
+
+
+def is_complete(model, syntax: JsonCallSyntax, single: bool, text: str, tools=TOOLS) -> bool:
+    return takes(model, json_calls_lark(syntax, model[3], tools, single, {}), text)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_single_forced_call_grammar_takes_exactly_one_call(model, shape):
+    syntax, one, two = SHAPES[shape]
+    assert (is_complete(model, syntax, True, one), is_complete(model, syntax, True, two)) == (True, False)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_parallel_forced_call_grammar_takes_one_or_more_calls(model, shape):
+    syntax, one, two = SHAPES[shape]
+    assert (is_complete(model, syntax, False, one), is_complete(model, syntax, False, two)) == (True, True)
+
+
+LOOSE_TOP_LEVELS = {
+    "anyOf with a string branch": {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                                             {"type": "string"}]},
+    "an object or null": {"type": ["object", "null"], "properties": {"a": {"type": "integer"}}},
+    "oneOf with a null branch": {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                                           {"type": "null"}]},
+}
+
+
+@pytest.mark.parametrize("case", list(LOOSE_TOP_LEVELS))
+def test_json_call_arguments_are_an_object_whatever_else_the_top_level_allows(model, case):
+    tool = [ToolSchema("f", LOOSE_TOP_LEVELS[case])]
+    block = '<tool_call>\n{"name": "f", "arguments": %s}\n</tool_call>'
+    verdicts = [is_complete(model, example_hermes(), True, block % value, tool) for value in ('{"a":1}', '"x"', "null")]
+    assert verdicts == [True, False, False]
+
+
+@pytest.mark.parametrize("case", list(LOOSE_TOP_LEVELS))
+def test_harmony_call_arguments_are_an_object_whatever_else_the_top_level_allows(model, case):
+    lark = f"start: %json {arguments_schema(ToolSchema('f', LOOSE_TOP_LEVELS[case]), {})}\n"
+    assert [takes(model, lark, value) for value in ('{"a":1}', '"x"', "null")] == [True, False, False]
+
+
+@pytest.mark.parametrize("parameters", [{"enum": [1, "x"]}, {"$ref": "#/$defs/n", "$defs": {"n": {"type": "integer"}}},
+                                        {"allOf": [{"type": "string"}]}])
+def test_parameters_that_allow_no_object_are_a_400(model, parameters):
+    with pytest.raises(GrammarError, match="Unsatisfiable") as caught:
+        model[2].check(ToolSchema("f", parameters).parameters_request())
+    assert caught.value.http_status == 400
