@@ -7,6 +7,8 @@ engine process are tests/server/test_engine_process.py's."""
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -112,3 +114,26 @@ def test_the_engine_process_reports_ready_while_its_grammar_compiler_is_built(co
         ours.send(Shutdown())
         main.join(WAIT_S)
     assert not main.is_alive()
+
+
+DEEP_COMPILE = """
+import json, sys
+from helios.server.engine_grammars import EngineGrammars
+
+tokenizer_json, vocab_size, depth = open(sys.argv[1], "rb").read(), int(sys.argv[2]), int(sys.argv[3])
+chain = "\\n".join(f"a{i}: a{i + 1}" for i in range(depth))
+source = json.dumps({"grammars": [{"lark_grammar": f"start: a0\\n{chain}\\na{depth}: \\"x\\"\\n"}]})
+EngineGrammars(tokenizer_json, vocab_size, (0,)).start().compile(source)
+print("compiled")
+"""
+
+
+def test_a_grammar_too_deep_for_the_main_threads_stack_compiles_on_the_compile_thread(tokenizer_json, vocab_size,
+                                                                                     tmp_path):
+    """A 3,000-rule chain overflows an 8 MiB stack in llguidance's recursive compile: on the engine process's
+    command loop it ended the process with a segfault (the serving process had checked it on its large stack)."""
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_bytes(tokenizer_json)
+    done = subprocess.run([sys.executable, "-c", DEEP_COMPILE, str(tokenizer), str(vocab_size), "3000"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["compiled"], (done.returncode, done.stderr[-2000:])

@@ -8,14 +8,23 @@ a 2-core machine. Built before the ready record, it held back the start of every
 arrives before the build ends waits for it on the command loop (the serving process has built and
 checked its own compiler from the same tokenizer, `helios.server.frontend_ahead`), and one that
 arrives after a failed build fails alone, naming why.
+
+Each compile runs on a thread of its own with the preparation threads' large stack
+(`helios.server.preparation.STACK_NBYTES`), not on the command loop's: llguidance compiles
+recursively in native code, and a grammar deep enough to overflow the main thread's 8 MiB (one the
+serving process's preparation, on its large stack, had compiled) killed the engine process, and
+the server with it, with a segfault.
 """
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from helios.errors import ExecutionError
 from helios.server.frontend_ahead import FrontendAhead
+from helios.server.preparation import STACK_NBYTES
 
 
 class GrammarCompilerUnavailableError(ExecutionError):
@@ -30,6 +39,7 @@ class EngineGrammars:
     def __init__(self, tokenizer_json: bytes, vocab_size: int, eos_token_ids: Sequence[int]):
         self._of = (tokenizer_json, vocab_size, tuple(eos_token_ids))
         self._build = FrontendAhead(lambda: tokenizer_json, vocab_size, eos_token_ids)
+        self._compiles: ThreadPoolExecutor | None = None  # one thread with a large stack, made by the first compile
 
     def start(self) -> "EngineGrammars":
         self._build.start()
@@ -45,4 +55,17 @@ class EngineGrammars:
             raise GrammarCompilerUnavailableError(
                 "the engine process's grammar compiler build was never started" if error is None else
                 f"the engine process could not build its grammar compiler: {type(error).__name__}: {error}")
-        return TensorGrammar(parts[1].compile_source(source))
+        if self._compiles is None:
+            self._compiles = _large_stack_thread()
+        return TensorGrammar(self._compiles.submit(parts[1].compile_source, source).result())
+
+
+def _large_stack_thread() -> ThreadPoolExecutor:
+    """An executor whose one thread, started here, has a `STACK_NBYTES` stack."""
+    previous = threading.stack_size(STACK_NBYTES)
+    try:
+        executor = ThreadPoolExecutor(1, thread_name_prefix="helios-engine-grammar")
+        executor.submit(int).result()  # its thread starts now, with this stack size
+    finally:
+        threading.stack_size(previous)
+    return executor
