@@ -16,6 +16,9 @@ subclasses their ``http_status`` (400 invalid request, 404 a model not served he
 full, 503 admission rejection, 500 execution failure), anything unexpected 500; ``param`` names the
 request field at fault where the error knows it. The lifespan starts the model worker and, at
 shutdown (after uvicorn drained or dropped the connections), stops it once its round is done.
+
+A route's body is the value `BodyGuard` read from it (`ParsedBodyRoute`: never read twice), validated
+in a thread when the body is large, so no one request's validation holds the event loop for long.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import asyncio
 import json
 import re
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
@@ -34,7 +39,8 @@ from starlette.responses import JSONResponse, Response
 from helios.errors import ExecutionError, HeliosError, RequestError
 from helios.server.access import RECORD_KEY, AccessLog, ApiKeyGuard
 from helios.server.body_guard import (
-    DEFAULT_MAX_BODY_NBYTES, BodyGuard, UnsupportedMediaType, is_json_media_type,
+    DEFAULT_MAX_BODY_NBYTES, PARSED_BODY_KEY, BodyGuard, ParsedBody, UnsupportedMediaType, is_json_media_type,
+    run_off_loop,
 )
 from helios.server.echo import MAX_ECHO_CHARS, clipped, clipped_runs
 from helios.server.metrics import ResponseCounter
@@ -115,6 +121,7 @@ def create_app(served: ServedModel, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYT
                   version="1", lifespan=lifespan, docs_url=None, redoc_url=None, telemetry=NO_TELEMETRY,
                   redirect_slashes=False)
     _install_error_handlers(app)
+    app.router.route_class = ParsedBodyRoute
     _install_routes(app, served)
     _document_400_not_422(app)
     _openapi_get_only(app)
@@ -125,6 +132,41 @@ def create_app(served: ServedModel, max_body_nbytes: int = DEFAULT_MAX_BODY_NBYT
     app.add_middleware(ClientGoneGuard)  # inside the access log: a client gone mid-write is its 499
     app.add_middleware(AccessLog)
     return app
+
+
+class ParsedBodyRoute(APIRoute):
+    """A route whose JSON body is the value `BodyGuard` read (its scope's `ParsedBody`) rather than
+    the body read again, and, where that body is large, validated against the route's model off the
+    event loop (`run_off_loop`): FastAPI then takes the validated model as it is. The errors are
+    FastAPI's own (its validation of the same value), raised as the `RequestValidationError` it
+    would raise."""
+
+    def get_route_handler(self):
+        handle = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            parsed: ParsedBody | None = request.scope.get(PARSED_BODY_KEY)
+            if parsed is None or self.body_field is None:
+                return await handle(request)
+            value = parsed.value
+            if parsed.is_large:
+                value, errors = await run_off_loop(partial(self.body_field.validate, value, loc=("body",)))
+                if errors:
+                    raise RequestValidationError(errors, body=parsed.value)
+            return await handle(_ParsedRequest(request.scope, request.receive, value))
+
+        return handler
+
+
+class _ParsedRequest(Request):
+    """A request whose JSON body is already read (`ParsedBodyRoute`)."""
+
+    def __init__(self, scope, receive, value) -> None:
+        super().__init__(scope, receive)
+        self._parsed_value = value
+
+    async def json(self):
+        return self._parsed_value
 
 
 def _install_routes(app: FastAPI, served: ServedModel) -> None:

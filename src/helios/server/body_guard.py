@@ -26,17 +26,23 @@ itself, with an OpenAI-style error body, when the body
   read: 408 `RequestTimeout`, and the connection is closed.
 
 So no string that cannot be encoded as UTF-8 ever reaches validation, preparation or the model
-worker. A body that passes is replayed unchanged to the application; later `receive` calls go to
-the connection (disconnect detection keeps working). With `json_paths`, only a POST to one of those
-paths is judged as JSON (media type, encoding, shape); a POST to any other path is still read whole
-within the size and time limits (a body left unread would reset the connection), then left to the
-router, whose 404 or 405 is the answer (a body was not the client's mistake there: the path was).
+worker. A body of `OFF_LOOP_NBYTES` or more is read and checked off the event loop (`run_off_loop`:
+a 4 MiB body of a million items takes seconds, which would stall every other connection). A body
+that passes is replayed unchanged to the application, and the value read from it is left in the
+scope (`PARSED_BODY_KEY`, a `ParsedBody`) so that the route need not read it again; later `receive`
+calls go to the connection (disconnect detection keeps working). With `json_paths`, only a POST to
+one of those paths is judged as JSON (media type, encoding, shape); a POST to any other path is
+still read whole within the size and time limits (a body left unread would reset the connection),
+then left to the router, whose 404 or 405 is the answer (a body was not the client's mistake there:
+the path was).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Collection
+import gc
+import threading
+from typing import Any, Callable, Collection, NamedTuple, TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -47,8 +53,23 @@ from helios.server.echo import clipped
 from helios.server.responses import error_response
 
 BODY_TIMEOUT_KEY = "helios.body_timeout_s"  # scope key: the server's body timeout for this request
+PARSED_BODY_KEY = "helios.parsed_body"  # scope key: the `ParsedBody` of a JSON body that passed
+OFF_LOOP_NBYTES = 64 * 1024  # a JSON body this large or larger is checked (and validated) in a thread
 MAX_JSON_DEPTH = 64
 BOM = b"\xef\xbb\xbf"
+T = TypeVar("T")
+
+
+class ParsedBody(NamedTuple):
+    """A request body that passed `check_json_text`: the value read from it and its size."""
+
+    value: Any
+    nbytes: int
+
+    @property
+    def is_large(self) -> bool:
+        """Whether work over the whole body belongs off the event loop (`OFF_LOOP_NBYTES`)."""
+        return self.nbytes >= OFF_LOOP_NBYTES
 
 
 class BodyTooLarge(RequestError):
@@ -193,7 +214,7 @@ class BodyGuard:
                 if not is_json_media_type(content_type):
                     raise UnsupportedMediaType(content_type)  # read first: a body left unread resets the connection
                 check_body_codings(scope)
-                check_json_text(body)
+                scope[PARSED_BODY_KEY] = await _parsed(body)
         except RequestError as error:
             response = error_response(error)
             if isinstance(error, RequestTimeout):
@@ -229,6 +250,54 @@ class BodyGuard:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+async def _parsed(body: bytes) -> ParsedBody:
+    """`check_json_text` of `body`, in a thread where the body is large."""
+    if len(body) < OFF_LOOP_NBYTES:
+        return ParsedBody(check_json_text(body), len(body))
+    return ParsedBody(await run_off_loop(check_json_text, body), len(body))
+
+
+class _CyclicGCPause:
+    """Pauses Python's cyclic garbage collector while any holder is inside (a context manager safe
+    across threads), and resumes it after the last one where it was on before the first. A large
+    body read as JSON makes up to a million containers; each few hundred thousand would start a
+    full collection of the server's whole heap (hundreds of ms each), which holds the interpreter
+    lock, so the event loop would wait for it even with the reading in a thread. Cycles made
+    meanwhile are collected by the first collection after the pause."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._num_holders = 0
+        self._was_enabled = False
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._num_holders == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._num_holders += 1
+
+    def __exit__(self, *_exc) -> None:
+        with self._lock:
+            self._num_holders -= 1
+            if self._num_holders == 0 and self._was_enabled:
+                gc.enable()
+
+
+_GC_PAUSE = _CyclicGCPause()
+
+
+async def run_off_loop(work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)` in a thread, with the cyclic garbage collector paused meanwhile (see
+    `_CyclicGCPause`): for work over a large body (reading, checking, validating it)."""
+
+    def paused() -> T:
+        with _GC_PAUSE:
+            return work(*args)
+
+    return await asyncio.to_thread(paused)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

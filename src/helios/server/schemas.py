@@ -12,7 +12,8 @@ can cause is bounded before preparation: `MAX_MESSAGES` messages, `MAX_TOOLS` to
 schemas (tool parameters, response schemas) of at most `MAX_SCHEMA_NBYTES` encoded and
 `MAX_SCHEMA_DEPTH` deep, grammars of at most `MAX_GRAMMAR_CHARS`, regular expressions of at most
 `MAX_REGEX_CHARS`. Text length is bounded by the body size (`helios.server.body_guard`) and, before
-tokenizing, by the model's context extent (`helios.frontend.session`).
+tokenizing, by the model's context extent (`helios.frontend.session`). A bounded list is refused by its
+length before any of its items is validated (`_list_of`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
                       StrictStr, Tag, WithJsonSchema)
+from pydantic_core import PydanticKnownError
 
 from helios.errors import RequestError
 from helios.frontend.preparation.logit_bias import MAX_LOGIT_BIAS
@@ -59,6 +61,26 @@ def _bounded_schema(value: dict[str, Any]) -> dict[str, Any]:
 
 
 JsonSchema = Annotated[dict[str, Any], AfterValidator(_bounded_schema)]
+
+
+def _at_most(max_len: int) -> BeforeValidator:
+    """Refuses a list longer than `max_len` before its items are validated, with pydantic's own
+    ``too_long`` error (the same type and text): pydantic applies ``max_length`` only after it has
+    validated every item (a 4 MiB body holds a million), and each union member validates them again."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, list) and len(value) > max_len:
+            raise PydanticKnownError("too_long", {"field_type": "List", "max_length": max_len,
+                                                  "actual_length": len(value)})
+        return value
+
+    return BeforeValidator(check)
+
+
+def _list_of(item: Any, max_len: int, min_len: int | None = None) -> Any:
+    """The type of a list of `item`s, `min_len` to `max_len` of them, whose length is checked
+    before its items are (see `_at_most`); the schema says the same bounds."""
+    return Annotated[list[item], Field(min_length=min_len, max_length=max_len), _at_most(max_len)]
 
 
 def _integral_number(value: Any) -> Any:
@@ -208,7 +230,7 @@ class ChoiceFormat(_Strict):
     """Extension: the answer is exactly one of the given strings."""
 
     type: Literal["choice"]
-    choices: list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_CHOICE_CHARS)]] = Field(min_length=1, max_length=256)
+    choices: _list_of(Annotated[StrictStr, Field(min_length=1, max_length=MAX_CHOICE_CHARS)], 256, min_len=1)
 
 
 ResponseFormat = Annotated[
@@ -240,7 +262,7 @@ def _not_served(field: str, reason: str) -> Any:
 
 
 _StopString = Annotated[StrictStr, Field(min_length=1)]
-StopField = Union[_StopString, Annotated[list[_StopString], Field(max_length=MAX_STOP_STRINGS)], None]
+StopField = Union[_StopString, _list_of(_StopString, MAX_STOP_STRINGS), None]
 _TokenId = Annotated[StrictInt, Field(ge=0)]
 _TOKEN_KEY = r"^[0-9]{1,9}$"
 # Token id (decimal string) -> bias; the JSON schema says exactly that (every key matches the pattern).
@@ -271,10 +293,9 @@ class _SamplingFields(_Strict):
     stream_options: StreamOptions | None = None
     stop: StopField = None
     # together at most MAX_STOP_TOKEN_SEQUENCES stops (a rule of both fields, checked in preparation)
-    stop_token_ids: list[_TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_SEQUENCES)
-    stop_token_sequences: list[Annotated[list[_TokenId], Field(
-        min_length=1, max_length=MAX_STOP_TOKEN_SEQUENCE_LEN)]] | None = Field(
-        default=None, max_length=MAX_STOP_TOKEN_SEQUENCES)
+    stop_token_ids: _list_of(_TokenId, MAX_STOP_TOKEN_SEQUENCES) | None = None
+    stop_token_sequences: _list_of(_list_of(_TokenId, MAX_STOP_TOKEN_SEQUENCE_LEN, min_len=1),
+                                    MAX_STOP_TOKEN_SEQUENCES) | None = None
     user: StrictStr | None = Field(default=None, max_length=256,
                                    description="An end-user id; appears in the access log, nowhere else")
     metadata: dict[Annotated[StrictStr, Field(max_length=MAX_METADATA_KEY_CHARS)],
@@ -294,9 +315,9 @@ class _SamplingFields(_Strict):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    messages: _list_of(Message, MAX_MESSAGES, min_len=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tools: _list_of(Tool, MAX_TOOLS) | None = None
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
@@ -317,8 +338,8 @@ class ChatCompletionRequest(_SamplingFields):
     prompt_cache_key: StrictStr | None = Field(
         default=None, max_length=256, description="A cache-routing hint: cached prompt prefixes are reused by "
         "their content whatever the key, so it changes nothing in the response")
-    modalities: list[Literal["text"]] | None = Field(default=None, min_length=1, max_length=2,
-                                                     description="[\"text\"] only: Helios generates text")
+    modalities: _list_of(Literal["text"], 2, min_len=1) | None = Field(
+        default=None, description="[\"text\"] only: Helios generates text")
     # OpenAI fields whose effect Helios does not have: null only (see `_not_served`).
     audio: _not_served("audio", "Helios generates text only") = None
     prediction: _not_served("prediction", "no predicted outputs") = None
@@ -351,8 +372,8 @@ PROMPT_FORMS = "the prompt is a text, a list of token ids, or a batch: a list of
 Prompt = Annotated[Union[
     Annotated[StrictStr, Tag("text")],
     Annotated[list[_TokenId], Tag("tokens")],
-    Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_CHOICES), Tag("texts")],
-    Annotated[list[list[_TokenId]], Field(min_length=1, max_length=MAX_CHOICES), Tag("token_lists")],
+    Annotated[_list_of(StrictStr, MAX_CHOICES, min_len=1), Tag("texts")],
+    Annotated[_list_of(list[_TokenId], MAX_CHOICES, min_len=1), Tag("token_lists")],
 ], Discriminator(_prompt_shape, custom_error_type="prompt_form", custom_error_message=PROMPT_FORMS)]
 
 
