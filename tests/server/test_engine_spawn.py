@@ -7,6 +7,8 @@ tests/e2e/test_lifecycle_faults.py's."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 
 from helios.server.engine_process import CPU_LOAD_IMPORTS, LOAD_IMPORTS, ahead_imports
 from helios.server.engine_spawn import ArgsOrder, EngineOrder, spawn_engine_process
@@ -89,3 +91,13 @@ def test_a_discard_stops_an_order_sent_ahead_while_it_waits_for_its_imports():
     spawned.order_ahead(ArgsOrder(order_of, {"core": "model.core"}))
     spawned.discard()
     assert spawned.process.exitcode == -signal.SIGKILL and spawned.connection.closed
+
+
+def test_the_engine_process_imports_no_sympy_before_a_load_on_the_cpu_asks_for_it():
+    """Symbolic shapes (sympy) serve only CPU programs (`cpu_fast`, `program_compile`), and were 2 s of a
+    CUDA engine process's 6 s of imports on an H100's host; a CPU load imports them ahead (`ahead_imports`)."""
+    program = ("import sys, helios.server.engine_process; "
+               "print([m for m in ('sympy', 'torch.fx.experimental.symbolic_shapes') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=JOIN_S)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
+    assert "sympy.tensor.tensor" in CPU_LOAD_IMPORTS

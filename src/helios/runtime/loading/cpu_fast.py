@@ -29,7 +29,6 @@ calls, so every call is checked.
 from __future__ import annotations
 
 import torch
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._pytree import tree_leaves
 
 from helios.abi import cpu_bodies
@@ -59,6 +58,10 @@ def fast_graph(graph: torch.fx.Graph) -> torch.fx.Graph | None:
 
 
 def _unbacked(node: torch.fx.Node) -> bool:
+    # imported here: symbolic shapes import sympy, 2 s of a CUDA engine process's imports on an H100's host
+    # (bench/results/h100_session67/call2), where no CPU program is built
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
     return any(free_unbacked_symbols(leaf) for leaf in tree_leaves(node.meta.get("val"))
                if isinstance(leaf, (torch.Tensor, torch.SymInt)))
 

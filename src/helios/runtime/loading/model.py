@@ -71,7 +71,6 @@ from helios.runtime.loading.kernel_precompile import KernelCompiler, default_com
 from helios.runtime.loading.image_features import FEATURE_BUFFER_INPUT, ImageFeatureCache, default_num_images
 from helios.runtime.loading.memory_budget import InsufficientMemoryError, check_fits
 from helios.runtime.loading.cpu_kernels import check_ahead, use_cpu_kernels
-from helios.runtime.loading.program_compile import compile_programs
 from helios.runtime.loading.programs import (  # noqa: F401 (LoadedProgram, PickledProgramError: this module's API)
     DeclaredOps, LoadedProgram, MissingVariantError, PickledProgramError, load_program,
 )
@@ -333,6 +332,8 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
                                             device, keep=tuned_outputs(prepared))
     every = programs + initializers + state_copies + vision
     if device.type == "cpu" and options.compile_programs:  # before ready: serving compiles nothing
+        from helios.runtime.loading.program_compile import compile_programs  # sympy, fake tensors: CPU only
+
         compile_programs(every, lambda p: program_arguments(p, weights, buffers), options.progress)
     kernels = device.type == "cpu" and (options.compile_programs
                                         or use_cpu_kernels(every, options.cpu_kernels, options.progress,
