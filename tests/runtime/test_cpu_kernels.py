@@ -150,7 +150,7 @@ def test_a_cold_build_is_shown_as_progress(monkeypatch):
 
 
 def test_the_load_binds_them_by_default_and_never_with_compiled_programs_or_off(monkeypatch):
-    from helios.runtime.loading import model as model_module
+    from helios.runtime.loading import model as model_module, program_compile
     from helios.runtime.loading.model import LoadOptions, load_model
     from runtime.test_model_fixture import open_fixture
 
@@ -160,7 +160,7 @@ def test_the_load_binds_them_by_default_and_never_with_compiled_programs_or_off(
     off = load_model(open_fixture(), LoadOptions(cpu_kernels=False))
     assert not [p for p in off.programs if "decode_attention_kernel" in _names(p.module)]
     seen = []
-    monkeypatch.setattr(model_module, "compile_programs", lambda programs, arguments, progress: seen.append(1))
+    monkeypatch.setattr(program_compile, "compile_programs", lambda programs, arguments, progress: seen.append(1))
     monkeypatch.setattr(model_module, "use_cpu_kernels", lambda *args: pytest.fail("bound beside compiling"))
     load_model(open_fixture(), LoadOptions(compile_programs=True))
     assert seen == [1]

@@ -226,7 +226,7 @@ def test_the_compile_programs_flag_reaches_the_load_options(flags, compiled_prog
 
 
 def test_loading_with_compile_programs_compiles_every_program_before_returning(monkeypatch):
-    from helios.runtime.loading import model as model_module
+    from helios.runtime.loading import program_compile
     from helios.runtime.loading.model import LoadOptions, load_model
     from runtime.test_model_fixture import open_fixture
 
@@ -236,7 +236,7 @@ def test_loading_with_compile_programs_compiles_every_program_before_returning(m
         seen.extend((p.graph, p.batch_capacity, len(arguments(p))) for p in programs)
         progress("compiled")
 
-    monkeypatch.setattr(model_module, "compile_programs", recording)
+    monkeypatch.setattr(program_compile, "compile_programs", recording)  # imported by the load where used
     lines = []
     model = load_model(open_fixture(), LoadOptions(compile_programs=True, progress=lines.append))
     assert sorted(seen) == sorted((p.graph, p.batch_capacity, 1 + len(p.inputs)) for p in model.programs)
