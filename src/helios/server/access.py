@@ -17,7 +17,10 @@ body or while its answer was computed, or the response's first write found the c
 is logged as 499, nginx's "client closed request"; 500 stays for a server error with no response
 (the application raised, or returned without answering). The `RequestRecord` it puts in the scope's state
 (``helios_record``) is filled by the completion path (`helios.server.request_metrics`); other
-routes log no tokens.
+routes log no tokens. A stream ends as soon as its client is gone (or a send timeout or shutdown
+drops it), before the engine confirms the cancel its close sent: its line has its status (200),
+the prompt and the output tokens that had arrived, and ``finish=cancelled``
+(`RequestRecord.logged_totals`); the line is never held back for the engine.
 """
 
 from __future__ import annotations
@@ -127,9 +130,9 @@ def access_line(scope: Scope, status: int, record: RequestRecord) -> str:
     latency_ms = (time.monotonic() - record.arrival_s) * 1000.0
     path = _escaped(clipped(scope.get("path", "")))
     fields = [where, f'"{scope.get("method", "")} {path}"', str(status)]
-    totals = record.totals()
+    totals = record.logged_totals()
     if totals is not None:
-        fields.append(f"prompt_tokens={totals[0]} completion_tokens={totals[1]} finish={record.finish_reason}")
+        fields.append(f"prompt_tokens={totals[0]} completion_tokens={totals[1]} finish={totals[2]}")
         if record.choices:
             fields.append(f"choices={1 + len(record.choices)}")
     if record.first_token_s is not None:

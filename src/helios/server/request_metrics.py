@@ -8,7 +8,9 @@ request to the model worker, and `event_stamps` stamps each choice's record from
 output worker (the response bridge calls it with each event, the finish as the response ends:
 settled against a stop the frontend found, an ERROR when the output failed, so its counts and
 reason are those of the response). One monotonic clock read per token event; nothing of it runs on
-the model worker.
+the model worker. A choice's record also knows its prompt's length from its submission
+(`prompt_len`) and the output tokens that arrived, which the access line of a response that ended
+before the choice did (a stream whose client left) writes (`RequestRecord.logged_totals`).
 
 Counters (what the responses' usage says, so they equal the sum of usage over responses):
 
@@ -54,6 +56,7 @@ _TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 
                           0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 _LENGTH_BUCKETS = tuple(float(2**i) for i in range(0, 21))
 _FAILED = (FinishReason.REJECTED, FinishReason.ERROR)
+CANCELLED = FinishReason.CANCELLED.name.lower()  # a cut response's access-line reason, as the metrics name it
 _REASONS = (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED, FinishReason.ERROR,
             FinishReason.GRAMMAR_DEAD_END, FinishReason.GRAMMAR_LIMIT)
 
@@ -73,11 +76,13 @@ class RequestRecord:
     num_output_tokens: int | None = None
     num_reused_tokens: int | None = None  # prompt tokens served from the prefix cache (the engine's)
     finish_reason: str | None = None
+    prompt_len: int | None = None  # the choice's prompt tokens, set when it is submitted to the engine
     prompt_index: int = 0  # which prompt of a batch this choice continues
     choices: list[RequestRecord] = field(default_factory=list)  # the other choices (n, batched prompts)
     _request: RequestRecord | None = field(default=None, repr=False, compare=False)  # a choice's first record
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _num_counted_tokens: int = field(default=0, repr=False, compare=False)
+    _num_arrived_tokens: int = field(default=0, repr=False, compare=False)  # output tokens its events brought
     _has_first_token: bool = field(default=False, repr=False, compare=False)  # the request's, on its first record
     _counted_prompts: set[int] = field(default_factory=set, repr=False, compare=False)
 
@@ -105,6 +110,30 @@ class RequestRecord:
             return None
         prompts = {r.prompt_index: r.num_prompt_tokens for r in done}
         return sum(prompts.values()), sum(r.num_output_tokens or 0 for r in done)
+
+    def logged_totals(self) -> tuple[int, int, str | None] | None:
+        """(prompt tokens, output tokens, finish reason) as the access line writes them once the
+        response ended: `totals` and the first choice's reason. A choice submitted (`prompt_len`)
+        but not ended then was cut: the response ended first (its client went away, a send timed
+        out, shutdown dropped it) and its close cancelled the choice, whose end the engine confirms
+        later (the JSON path waits for it; a stream ends at once). It counts its prompt and the
+        output tokens that had arrived, and the reason is ``cancelled``. None when no choice was
+        submitted. Safe beside a choice's end arriving on its output worker (`_finish` writes its
+        prompt count last)."""
+        records = [r for r in (self, *self.choices) if r.num_prompt_tokens is not None or r.prompt_len is not None]
+        if not records:
+            return None
+        prompts, num_output_tokens, is_cut = {}, 0, False
+        for r in records:
+            num_prompt_tokens = r.num_prompt_tokens
+            if num_prompt_tokens is None:  # cut: what it had when the response ended
+                is_cut = True
+                prompts.setdefault(r.prompt_index, r.prompt_len)
+                num_output_tokens += r._num_arrived_tokens
+            else:
+                prompts[r.prompt_index] = num_prompt_tokens
+                num_output_tokens += r.num_output_tokens or 0
+        return sum(prompts.values()), num_output_tokens, CANCELLED if is_cut else self.finish_reason
 
 
 class LatencyHistograms:
@@ -172,6 +201,7 @@ def event_stamps(record: RequestRecord, histograms: LatencyHistograms, *, counts
                         is_first, request._has_first_token = not request._has_first_token, True
                     if is_first:
                         histograms.ttft.labels(request.model_name).observe(record.first_token_s - request.arrival_s)
+                record._num_arrived_tokens += len(event.token_ids)
                 if not counts_at_end:
                     record._num_counted_tokens += len(event.token_ids)
                     histograms.generated_tokens.inc(len(event.token_ids))

@@ -320,6 +320,7 @@ class ServedModel:
         request = EngineRequest(spec, grammar=grammar)
         output.mark_enqueue(self.clock)
         record.submitted_s = time.monotonic()
+        record.prompt_len = len(spec.prompt_ids)  # the access line's count if the response ends before the request
         self._bridges.add(bridge)
         self.output.register(prepared.request_id, bridge)
         self.commands.submit(request)

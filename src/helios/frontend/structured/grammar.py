@@ -44,7 +44,8 @@ reasoning section ahead of a structured answer is bounded (`ReasoningEnvelope.bu
 request's output limit): the answer always gets the rest of the output. JSON schemas compile to
 compact JSON by default (``whitespace_flexible`` off: no free whitespace between tokens), so a
 sampled model cannot spend its budget on whitespace; a schema's own ``x-guidance`` options, or the
-server's `json_defaults`, may turn it back on.
+server's `json_defaults`, may turn it back on. A client's schema may set only the options that keep
+its output JSON (`grammar_options`: others are a 400 from `parse_response_format`).
 
 Requests with tools or recipient frames get a grammar built from the contract's syntax data instead
 (`grammar_tools`, `grammar_frames`, chosen by `grammar_request`): `compile_lark` compiles such a
@@ -73,6 +74,7 @@ from helios.frontend.preparation.prompt import ReasoningState
 from helios.frontend.structured.dead_ends import (REFUSED_TOKEN, BranchVocabulary, SearchBudget, first_token_limit,
                                                   is_dead_end, is_endless, walk)
 from helios.frontend.structured.grammar_lark_depth import lark_shape_error
+from helios.frontend.structured.grammar_options import lark_option_error, option_error
 from helios.frontend.structured.grammar_shapes import SUBSCHEMA_KEYS, SUBSCHEMA_MAPS, schema_shape_error
 
 MASK_WORD_BITS = 32
@@ -136,10 +138,12 @@ def parse_response_format(value: object) -> GrammarRequest | None:
         if not isinstance(schema, dict):
             raise GrammarError("response_format.json_schema.schema must be a JSON schema object", "response_format")
         SchemaDocument(schema, "response_format.json_schema.schema", "response_format")  # SchemaRefError: a bad $ref
+        _refuse_options("response_format.json_schema.schema", option_error(schema))
         return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps(schema))
     if kind == "regex" and isinstance(value.get("regex"), str) and value["regex"]:
         return GrammarRequest(GrammarKind.REGEX, value["regex"])
     if kind == "grammar" and isinstance(value.get("grammar"), str) and value["grammar"]:
+        _refuse_options("response_format.grammar", lark_option_error(value["grammar"]))
         return GrammarRequest(GrammarKind.LARK, value["grammar"])
     if kind == "choice":
         choices = value.get("choices")
@@ -148,6 +152,13 @@ def parse_response_format(value: object) -> GrammarRequest | None:
         raise GrammarError("response_format.choices must be a non-empty array of non-empty strings", "response_format")
     raise GrammarError("response_format must be text, json_object, json_schema, regex, grammar or choice",
                        "response_format")
+
+
+def _refuse_options(field: str, error: str) -> None:
+    """GrammarError (HTTP 400, naming `field`) for a client schema's llguidance option it may not
+    set (`grammar_options`): the server never hands llguidance an option that can break JSON."""
+    if error:
+        raise GrammarError(f"{field}: {error}", "response_format")
 
 
 @dataclass(frozen=True)

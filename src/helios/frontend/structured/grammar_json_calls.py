@@ -20,6 +20,7 @@ import json
 from typing import Mapping, Sequence
 
 from helios.frontend.structured.grammar_lark import Speller, json_literal, lark_of
+from helios.frontend.structured.grammar_options import OPTIONS_KEY, client_options
 from helios.frontend.structured.grammar_tools import ToolSchema
 from helios.frontend.structured.grammar_values import ValueStyle, safe_bundle, string_pattern
 from helios.frontend.decoding.syntax import JsonCallSyntax
@@ -41,8 +42,9 @@ def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") 
     # A call's arguments are a JSON object, whatever else the top level allows (`object_parameters`);
     # set after the safe bundle, which would give a bare object top level keys of its own to intersect.
     schema["type"] = "object"
-    options = schema.get("x-guidance")
-    schema["x-guidance"] = {**json_options, **(options if isinstance(options, Mapping) else {}), "lenient": True}
+    # The tool's own options are those a client may set (`grammar_options`; `parameters_request`
+    # refused the others before this grammar is built), over the server's defaults, under its lenient.
+    schema[OPTIONS_KEY] = {**json_options, **client_options(tool.parameters), "lenient": True}
     return json.dumps(schema, ensure_ascii=False)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from typing import Any, Iterator
 
 from helios.frontend.structured.grammar_shapes import schema_shape_error
 
@@ -127,6 +128,25 @@ def _embedded_json(source: str, position: int, is_schema: bool) -> tuple[str, in
         return "", end
     error = schema_shape_error(json.dumps(value))
     return (f"its %json schema: {error}" if error else ""), end
+
+
+def embedded_schemas(source: str) -> Iterator[Any]:
+    """Each ``%json`` schema inside the Lark grammar `source`, nested ``%lark`` grammars included,
+    read on the same lexemes as the depth count (a ``%json`` spelled in a string, regex or comment
+    is none); stops at one that is not JSON, which the compile reports."""
+    position = 0
+    while position < len(source):
+        match = _LEXEME.match(source, position)
+        position = match.end()
+        if match.lastgroup != "json":
+            continue
+        start = len(source) - len(source[position:].lstrip())
+        try:
+            value, position = _JSON.raw_decode(source, start)
+        except (ValueError, RecursionError):
+            return
+        if match.group() == "%json":
+            yield value
 
 
 def _deepest(definitions: dict[str, _Definition]) -> int:

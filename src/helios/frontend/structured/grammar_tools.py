@@ -44,6 +44,7 @@ from helios.frontend.structured.grammar import GrammarError, GrammarKind, Gramma
 from helios.frontend.structured.grammar_lark import (
     LarkRules, Speller, Spelling, free_text, join, lark_of, text_spelling, text_then,
 )
+from helios.frontend.structured.grammar_options import OPTIONS_KEY, client_options, option_error
 from helios.frontend.structured.grammar_values import ValueGrammar, ValueStyle
 from helios.frontend.parsers.pipeline import tool_grammar
 from helios.frontend.parsers.scan import MAX_CAPTURE_LEN
@@ -113,13 +114,16 @@ class ToolSchema:
 
     def parameters_request(self) -> GrammarRequest:
         """The parameters schema as a lenient JSON-schema grammar of an object (what
-        `GrammarCompiler.check` tries); GrammarError when its top level is no object schema."""
+        `GrammarCompiler.check` tries); GrammarError when its top level is no object schema, or its
+        ``x-guidance`` sets an option a client may not (`grammar_options`)."""
         declared = self.parameters.get("type", "object")
         if declared != "object" and not (isinstance(declared, list) and "object" in declared):
             raise GrammarError(f"must be a JSON schema of type \"object\", not {json.dumps(declared)[:80]}")
-        options = self.parameters.get("x-guidance")
-        options = {**(options if isinstance(options, Mapping) else {}), "lenient": True}
-        return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({**self.object_parameters, "x-guidance": options}))
+        error = option_error(self.parameters)
+        if error:
+            raise GrammarError(error)
+        options = {**client_options(self.parameters), "lenient": True}
+        return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({**self.object_parameters, OPTIONS_KEY: options}))
 
     def properties(self) -> list[tuple[str, Any, bool]]:
         """(name, schema, required) for each declared property the parsers can read, in order."""
