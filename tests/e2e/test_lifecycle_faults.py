@@ -286,7 +286,7 @@ def test_drain_seconds_reach_the_server(monkeypatch):
             pass
 
     served = []
-    monkeypatch.setattr(serve_run, "_start", lambda args, options, spawned: (Runtime(), "owner", None))
+    monkeypatch.setattr(serve_run, "_start", lambda args, options, spawned, started: (Runtime(), "owner", None))
     monkeypatch.setattr(serve_run, "serve", lambda runtime, options, **kwargs: served.append(options) or 0)
     assert main(["serve", "--port", "0", "--no-engine-process", "--drain-seconds", "0.5"]) == 0
     assert main(["serve", "--port", "0", "--no-engine-process"]) == 0
@@ -296,7 +296,8 @@ def test_drain_seconds_reach_the_server(monkeypatch):
 def test_startup_options_the_core_refuses_fail_with_their_type_before_the_load(core, monkeypatch, capsys):
     """Before: the engine process loaded the model, then refused the option; its error did not
     pickle, so it arrived as an ExecutionError (exit 9, "StartupOptionError: ..." in the text). The
-    engine process started ahead is never ordered to load, and is stopped."""
+    serving process's own check reports it; the engine process started ahead (loading the order it made
+    from the command line, `helios.cli.serve_order`) is never handed this one, and is stopped."""
     from helios.cli.main import main
     from helios.server.engine_spawn import EngineSpawn
 
@@ -564,7 +565,7 @@ def test_a_stop_signal_whose_unwinding_turns_into_another_error_still_stops_the_
 
     monkeypatch.setattr(serve_run, "_open", opening)
     with pytest.raises(raised):
-        serve_run._start(None, None, None)
+        serve_run._start(None, None, None, 0.0)
     if signum == signal.SIGTERM:
         assert signalled == [signal.SIGTERM]
         assert "helios serve: stopped by SIGTERM while starting" in capsys.readouterr().err

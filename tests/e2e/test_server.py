@@ -122,7 +122,7 @@ def test_the_start_is_traced_step_by_step_in_both_processes(server):
         named = [step for _, step in marks if step in expected]
         assert named == expected and [t for t, _ in marks] == sorted(t for t, _ in marks), marks
     log = server.log.read_text()
-    assert log.count("helios serve: loading ") == 1 and log.count("helios serve: loaded in ") == 1  # the progress
+    assert log.count("helios serve: loading ") == 1 and log.count("helios serve: loaded, ") == 1  # the progress
     at = {step: epoch for epoch, step in serving + engine[0]}
     assert at["serve: load ordered ahead"] <= at["engine: load order received"] + 0.01  # one clock, to its millisecond
     assert at["engine: ready sent"] <= at["serve: engine ready"] + 0.01

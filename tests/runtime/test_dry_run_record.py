@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +32,7 @@ def _handle(graph: str, batch: int) -> mpb.GraphHandle:
 
 
 HANDLES = [_handle("decode", 1), _handle("decode", 4), _handle("prefill", 1)]
+H200 = ("NVIDIA H200", 9, 0, 132)
 
 
 @pytest.fixture
@@ -44,6 +46,7 @@ def cache(tmp_path: Path, monkeypatch) -> Path:
 def job(cache, monkeypatch):
     job = _silu_mul_job()
     monkeypatch.setattr(dry_run_record, "_target", lambda device: job.target)  # this device is an H200
+    monkeypatch.setattr(dry_run_record, "_device_identity", lambda device: list(H200))
     return job
 
 
@@ -54,9 +57,9 @@ def _record(core: bytes = b"\x01" * 32, handles=HANDLES, sizes=SIZES) -> DryRunR
 def test_a_record_is_read_back_as_the_jobs_written_and_counts_only_when_every_variant_is_on_disk(job, cache):
     record = _record()
     assert not record.exists() and record.all_on_disk(DEVICE) is None
-    assert record.save([job])
+    assert record.save([job], DEVICE)
     assert record.exists() and len(list(cache.rglob(FILENAME))) == 1
-    assert _record()._read() == [job]  # the same key, another object: the job as it was, its target too
+    assert _record()._read() == ([job], list(H200))  # the same key, another object: the job as it was, its target too
     assert record.all_on_disk(DEVICE) is None  # listed, but not compiled: the dry run runs
     kernel_precompile.compile_job(job)  # as a worker compiles it, into the same cache
     assert record.all_on_disk(DEVICE) == 1
@@ -66,7 +69,7 @@ def test_a_record_is_read_back_as_the_jobs_written_and_counts_only_when_every_va
 def test_a_variant_for_another_target_is_not_this_devices(job, monkeypatch):
     record = _record()
     kernel_precompile.compile_job(job)
-    assert record.save([job]) and record.all_on_disk(DEVICE) == 1
+    assert record.save([job], DEVICE) and record.all_on_disk(DEVICE) == 1
     from triton.backends.compiler import GPUTarget
 
     monkeypatch.setattr(dry_run_record, "_target", lambda device: GPUTarget("cuda", 80, 32))
@@ -75,7 +78,7 @@ def test_a_variant_for_another_target_is_not_this_devices(job, monkeypatch):
 
 def test_a_dry_run_that_found_nothing_records_that_nothing_is_to_compile(job):
     record = _record()
-    assert record.save([]) and record.all_on_disk(DEVICE) == 0
+    assert record.save([], DEVICE) and record.all_on_disk(DEVICE) == 0
 
 
 def test_the_key_follows_the_core_its_programs_their_sizes_and_the_install(job, monkeypatch):
@@ -119,7 +122,7 @@ def test_a_record_that_cannot_be_read_is_no_record(job, text):
 def test_a_job_whose_values_are_not_literals_is_not_recorded(job):
     record = _record()
     odd = dataclasses.replace(job, constexprs={(4,): object()})
-    assert not record.save([job, odd]) and not record.exists()
+    assert not record.save([job, odd], DEVICE) and not record.exists()
 
 
 def test_a_cache_that_cannot_be_written_fails_no_load(tmp_path: Path, monkeypatch, job):
@@ -127,7 +130,7 @@ def test_a_cache_that_cannot_be_written_fails_no_load(tmp_path: Path, monkeypatc
     blocked.write_text("not a directory")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(blocked))
     record = _record()
-    assert not record.save([job]) and not record.exists() and record.all_on_disk(DEVICE) is None
+    assert not record.save([job], DEVICE) and not record.exists() and record.all_on_disk(DEVICE) is None
 
 
 def test_the_dry_run_reveals_the_variants_it_sends_and_those_on_disk_already(monkeypatch):
@@ -157,3 +160,30 @@ def test_workers_of_a_load_that_expects_to_compile_nothing_wait_to_be_asked_for(
         compiler.spawn_workers()  # once
         assert asked.wait(10)
     assert spawned == [2]
+
+
+def test_a_record_made_on_another_gpu_of_the_same_target_is_not_this_ones(job, monkeypatch):
+    """An H100 and an H200 are both sm_90, but kernels' splits follow the multiprocessor count."""
+    record = _record()
+    kernel_precompile.compile_job(job)
+    assert record.save([job], DEVICE) and record.all_on_disk(DEVICE) == 1
+    monkeypatch.setattr(dry_run_record, "_device_identity", lambda device: ["NVIDIA H100 80GB HBM3", 9, 0, 132])
+    assert record.all_on_disk(DEVICE) is None
+
+
+def test_a_device_triton_cannot_tell_uses_no_record(job, monkeypatch):
+    record = _record()
+    assert record.save([], DEVICE) and record.all_on_disk(DEVICE) == 0
+
+    def no_driver(device):
+        raise RuntimeError("0 active drivers ([]). There should only be one.")
+
+    monkeypatch.setattr(dry_run_record, "_target", no_driver)
+    assert record.all_on_disk(DEVICE) is None
+
+
+def test_without_triton_a_load_makes_no_record(monkeypatch):
+    for name in [m for m in sys.modules if m == "triton" or m.startswith("triton.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    assert DryRunRecord.for_load(b"\0" * 32, HANDLES, SIZES) is None

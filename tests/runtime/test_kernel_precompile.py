@@ -231,7 +231,8 @@ def test_a_first_load_starts_its_workers_and_tritons_key_on_threads_of_their_own
         compiler.start()
         for _ in range(2):
             assert done.acquire(timeout=10)
-        assert compiler._pool._initargs == ({**{k: v for k, v in os.environ.items() if k.startswith("TRITON_")}},)
+        assert compiler._pool._initargs == ({**{k: v for k, v in os.environ.items() if k.startswith("TRITON_")}},
+                                            os.getpid())
         assert compiler._pool._initargs[0]["TRITON_CACHE_DIR"] == "/somewhere/else"
     assert sorted((name, thread) for name, thread, _ in calls) == [
         ("key", "helios-triton-key"), ("workers", "helios-compile-spawn")]
@@ -557,3 +558,40 @@ def test_the_load_option_reaches_the_compiler(monkeypatch, longest_first):
     monkeypatch.setattr(model, "KernelCompiler", Recorded)
     assert model.load_model(open_fixture(), model.LoadOptions(compile_longest_first=longest_first)).programs
     assert made == [longest_first]
+
+
+OWNER = """
+import os, sys
+from helios.runtime.loading.kernel_precompile import KernelCompiler
+
+compiler = KernelCompiler(2)
+compiler.start()
+pids = {compiler._pool.submit(os.getpid).result(timeout=240) for _ in range(8)}
+print(" ".join(map(str, sorted(pids))), flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_compile_workers_end_when_their_loading_process_is_killed():
+    """A loading process killed mid-load (an engine process stopped while it loads) never shuts its pool
+    down: its workers, children of the fork server, waited on their queue for good."""
+    pytest.importorskip("triton")
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in owner.stdout.readline().split()]
+        assert workers and all(_alive(pid) for pid in workers)
+    finally:
+        owner.kill()
+        owner.wait()
+    deadline = time.monotonic() + 60  # a bound on the wait, not a timing assertion: they poll every 0.5 s
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended but not reaped yet, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import time
 
 from helios.cli import serve_order
 from helios.cli.core_options import TRUST_ENV
@@ -140,6 +141,7 @@ def _is_core_file(name: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     mark("serve: command line read")
     dump_stacks_on_sigusr1()
     for name in ("max_active", "queue_capacity", "frontend_workers", "context_tokens", "torch_threads",
@@ -174,14 +176,14 @@ def run(args: argparse.Namespace) -> int:
     spawned = spawn_engine_process(device=args.device) if args.engine_process else None  # its imports run beside ours
     mark("serve: engine process started")
     try:
-        if spawned is not None and args.core is not None:  # it loads beside our imports (`helios.cli.serve_order`)
-            spawned.order_ahead(ArgsOrder(serve_order.engine_order, args))
+        if spawned is not None and serve_order.serves_core_file(args):  # it loads beside our imports
+            spawned.order_ahead(ArgsOrder(serve_order.engine_order, serve_order.load_flags(args)))
             mark("serve: load ordered ahead")
         from helios.cli import serve_run  # torch, the runtime and the HTTP stack
 
         mark("serve: serving stack imported")
 
-        return serve_run.run(args, names, spawned)
+        return serve_run.run(args, names, spawned, started)
     finally:
         if spawned is not None:
             spawned.discard()  # the start failed before the engine process's load order

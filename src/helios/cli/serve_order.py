@@ -22,6 +22,17 @@ from helios.contract import StartupOptions
 from helios.errors import UsageError
 
 
+def serves_core_file(args: argparse.Namespace) -> bool:
+    """Whether `helios serve` was given a core file (else it serves the embedded model)."""
+    return bool(args.core)
+
+
+def load_flags(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` without what the engine process has no use for: the API key (a secret) and the
+    command's function (not a flag)."""
+    return argparse.Namespace(**{name: value for name, value in vars(args).items() if name not in ("api_key", "func")})
+
+
 def core_source(args: argparse.Namespace):
     """How the engine process opens the core file `args.core` (`helios.server.engine_process.CoreSource`)."""
     from helios.server.engine_process import CoreSource

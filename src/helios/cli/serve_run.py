@@ -18,6 +18,7 @@ from helios.cli.core_options import aes_key_from_args, open_core_from_args
 from helios.cli.main import printable_line
 from helios.contract import resolve_settings
 from helios.core.reader import Core, open_core
+from helios.errors import UsageError
 from helios.frontend.images.decode import ImageLimits
 from helios.runtime.loading.model import resource_of_kind
 from helios.runtime.service import RuntimeOptions, build_runtime
@@ -29,14 +30,15 @@ from helios.server.serve import ServeOptions, bind, serve
 from helios.server.start_trace import mark
 
 
-def run(args: argparse.Namespace, names: tuple[str, ...], spawned: EngineSpawn | None) -> int:
+def run(args: argparse.Namespace, names: tuple[str, ...], spawned: EngineSpawn | None, started: float) -> int:
     """`helios serve` once its flags are checked (`helios.cli.serve_cmd.run`); `names`: the served
-    model names; `spawned`: the engine process started ahead (None: the model in this process)."""
+    model names; `spawned`: the engine process started ahead (None: the model in this process);
+    `started`: when the command started (`time.monotonic()`)."""
     runtime_options = serve_order.runtime_options(args)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     with contextlib.closing(bind(args.host, args.port)) as sock:  # a taken port fails before the load
-        runtime, owned_by, ahead = _start(args, runtime_options, spawned)
+        runtime, owned_by, ahead = _start(args, runtime_options, spawned, started)
         options = ServeOptions(args.host, args.port, args.queue_capacity, args.frontend_workers,
                                drain_seconds=args.drain_seconds,
                                log_level=args.log_level, access_log=args.access_log,
@@ -58,9 +60,11 @@ def run(args: argparse.Namespace, names: tuple[str, ...], spawned: EngineSpawn |
 
 def _open(args: argparse.Namespace) -> tuple[Core, CoreSource]:
     """The verified core, and how an engine process opens it again."""
-    if args.core:
-        source = serve_order.core_source(args)
-        return open_core_from_args(args, args.core), source
+    if serve_order.serves_core_file(args):
+        if not args.accept:
+            raise UsageError("--accept NAMESPACE is required to serve a core file")
+        core = open_core_from_args(args, args.core)  # its errors first (the trusted keys, the core)
+        return core, serve_order.core_source(args)
     from helios.embedded.prepared import embedded_core
 
     embedded = embedded_core()
@@ -109,12 +113,16 @@ def _stop_signals_unwind():
 
 
 def _progress(args: argparse.Namespace, line: str) -> None:
-    """A line of the start's progress on stderr, at the info and debug log levels."""
+    """A line of the start's progress on stderr, at the info and debug log levels; best effort (a
+    stderr nobody reads any more never fails the start)."""
     if args.log_level in ("info", "debug"):
-        print(f"helios serve: {printable_line(line)}", file=sys.stderr, flush=True)
+        try:
+            print(f"helios serve: {printable_line(line)}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):  # a closed pipe or file
+            pass
 
 
-def _start(args: argparse.Namespace, runtime_options: RuntimeOptions, spawned: EngineSpawn | None):
+def _start(args: argparse.Namespace, runtime_options: RuntimeOptions, spawned: EngineSpawn | None, started: float):
     """The loaded runtime (in an engine process by default), the core's publisher namespace and, with
     an engine process, the frontend's tokenizer and grammar compiler built while it loaded
     (`helios.server.frontend_ahead`; else None). A SIGTERM or SIGHUP meanwhile stops the start (see
@@ -125,11 +133,10 @@ def _start(args: argparse.Namespace, runtime_options: RuntimeOptions, spawned: E
         with _stop_signals_unwind() as received:
             core, source = _open(args)
             mark("serve: core verified")
-            started = time.monotonic()
             _progress(args, f"loading {core.path} on {args.device}")
             if spawned is None:
                 runtime = build_runtime(core, runtime_options)
-                _progress(args, f"loaded in {time.monotonic() - started:.1f} s")
+                _progress(args, f"loaded, {time.monotonic() - started:.1f} s after the start")
                 return runtime, core.publisher.namespace, None
             settings = resolve_settings(core.prepared, runtime_options.load.startup)
             ahead = FrontendAhead(lambda: core.read_resource(resource_of_kind(core, "TOKENIZER")),
@@ -137,7 +144,7 @@ def _start(args: argparse.Namespace, runtime_options: RuntimeOptions, spawned: E
             runtime = start_engine_process(source, core.prepared, runtime_options, args.torch_threads,
                                            liveness_timeout_s=args.liveness_timeout, spawned=spawned,
                                            while_loading=ahead.start)
-            _progress(args, f"loaded in {time.monotonic() - started:.1f} s")
+            _progress(args, f"loaded, {time.monotonic() - started:.1f} s after the start")
             return runtime, core.publisher.namespace, ahead
     except BaseException as error:
         signum = error.signum if isinstance(error, _StopSignal) else received[0] if received else None

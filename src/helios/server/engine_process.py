@@ -128,13 +128,12 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
         try:
             if spawned.ordered_ahead:  # it made this same order from the command line, and loads already
                 spawned.take()
-                mark("serve: engine process taken over")
             else:
                 spawned.order(EngineOrder(source, options, torch_threads))
-                mark("serve: load ordered")
         except OSError:  # it ended before its order: how is said below
             message = None
         else:
+            mark("serve: engine process taken over" if spawned.ordered_ahead else "serve: load ordered")
             if while_loading is not None:
                 while_loading()
             message = wait_ready(connection, timeout_s, process.is_alive)

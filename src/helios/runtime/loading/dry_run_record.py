@@ -12,8 +12,9 @@ job a worker would compile (`CompileJob`, in Python literals), in a JSON file of
 a key of what decides which variants a load launches: the core (its signed body's SHA-256), the
 programs selected, what the buffers' sizes follow from, the `TRITON_*` environment and this install
 (the versions of Python, torch and Triton, and the path, size and modification time of every file of
-the helios package). A later load with that key skips the dry run where every variant listed is for
-its device's target and in Triton's cache now (`all_on_disk`: the lookup `triton.compile` makes,
+the helios package), with the GPU it ran on (name, compute capability, multiprocessor count). A
+later load with that key on a GPU alike skips the dry run where every variant listed is for its
+device's target and in Triton's cache now (`all_on_disk`: the lookup `triton.compile` makes,
 from the kernels' current source). Skipping changes no result, only where variants compile:
 the dry run launches nothing the warm-up runs do not launch again, and they load each variant from
 the cache as they did after a dry run. A record that is missing, unreadable or names a variant that
@@ -52,13 +53,17 @@ class DryRunRecord:
         self.key = key
 
     @classmethod
-    def for_load(cls, core_sha256: bytes, handles: Iterable, sizes: tuple[int, ...]) -> "DryRunRecord":
+    def for_load(cls, core_sha256: bytes, handles: Iterable, sizes: tuple[int, ...]) -> "DryRunRecord | None":
         """The record of a load of the core whose body has `core_sha256`, selecting the programs of
         `handles` (GraphHandle messages), with `sizes` (what its buffers' sizes follow from: the
-        concurrency, the context, ...). Made before the load touches the device."""
+        concurrency, the context, ...); None without Triton. Made before the load touches the device."""
+        try:
+            fingerprint = _install_fingerprint()
+        except ImportError:  # no Triton: nothing compiles, nothing to record
+            return None
         digest = hashlib.sha256()
         for part in (str(FORMAT).encode(), core_sha256, *_handle_bytes(handles), repr(tuple(sizes)).encode(),
-                     _install_fingerprint()):
+                     fingerprint):
             digest.update(len(part).to_bytes(8, "little") + part)
         return cls(digest.hexdigest())
 
@@ -73,13 +78,22 @@ class DryRunRecord:
             return False
 
     def all_on_disk(self, device: torch.device) -> int | None:
-        """How many variants the record lists, where every one is for `device`'s target (a machine's
-        other GPUs may differ) and in Triton's cache (0 for a dry run that found none); None where there
-        is no readable record, or one is not."""
-        jobs = self._read()
-        if jobs is None:
+        """How many variants the record lists, where it was made on a GPU like `device` (its name and
+        multiprocessor count, which kernels' splits follow), every one is for `device`'s target and
+        in Triton's cache (0 for a dry run that found none); None where there is no readable record,
+        or one is not, or the device cannot be told."""
+        read = self._read()
+        if read is None:
             return None
-        target = _target(device)
+        jobs, made_on = read
+        try:
+            target, identity = _target(device), _device_identity(device)
+        except Exception as error:  # noqa: BLE001 - a device Triton cannot tell: no record, the dry run runs
+            _LOG.info("the dry-run record is not used (%s: %s)", type(error).__name__, error)
+            return None
+        if made_on != identity:
+            _LOG.info("the last dry run ran on %s, not on this %s: the dry run runs", made_on, identity)
+            return None
         for job in jobs:
             if job.target != target:
                 _LOG.info("the last dry run's Triton variants are for %s, not this device's %s: the dry run runs",
@@ -91,9 +105,9 @@ class DryRunRecord:
                 return None
         return len(jobs)
 
-    def save(self, jobs: Iterable[CompileJob]) -> bool:
-        """Writes the record of a dry run that found `jobs`; False (logged) where a job's values are not
-        Python literals or the cache cannot be written."""
+    def save(self, jobs: Iterable[CompileJob], device: torch.device) -> bool:
+        """Writes the record of a dry run on `device` that found `jobs`; False (logged) where a job's
+        values are not Python literals or the cache cannot be written."""
         entries = []
         for job in jobs:
             entry = _encoded(job)
@@ -101,17 +115,17 @@ class DryRunRecord:
                 _LOG.info("no dry-run record kept: variant %s has values that are not Python literals", job.kernel)
                 return False
             entries.append(entry)
-        text = json.dumps({"format": FORMAT, "jobs": entries})
         try:
             from triton.runtime.cache import get_cache_manager
 
+            text = json.dumps({"format": FORMAT, "device": _device_identity(device), "jobs": entries})
             get_cache_manager(self.key).put(text, FILENAME, binary=False)
         except Exception as error:  # noqa: BLE001 - only the next load's time depends on it
             _LOG.info("no dry-run record kept (%s: %s)", type(error).__name__, error)
             return False
         return True
 
-    def _read(self) -> list[CompileJob] | None:
+    def _read(self) -> tuple[list[CompileJob], list] | None:
         try:
             from triton.runtime.cache import get_cache_manager
 
@@ -121,7 +135,7 @@ class DryRunRecord:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
             if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("jobs"), list):
                 raise ValueError("not a record of this format")
-            return [_decoded(entry) for entry in data["jobs"]]
+            return [_decoded(entry) for entry in data["jobs"]], data.get("device")
         except Exception as error:  # noqa: BLE001 - a record that cannot be read is no record
             _LOG.info("the dry-run record cannot be read (%s: %s): the dry run runs", type(error).__name__, error)
             return None
@@ -129,6 +143,13 @@ class DryRunRecord:
 
 def _handle_bytes(handles: Iterable) -> list[bytes]:
     return [handle.SerializeToString(deterministic=True) for handle in handles]
+
+
+def _device_identity(device: torch.device) -> list:
+    """The GPU as kernels' variants follow it: its name, compute capability and multiprocessor count
+    (a JSON list, as the record keeps it)."""
+    properties = torch.cuda.get_device_properties(device)
+    return [properties.name, properties.major, properties.minor, properties.multi_processor_count]
 
 
 def _target(device: torch.device):

@@ -140,9 +140,12 @@ def _build_launcher(source, metadata) -> None:
         _LOG.debug("launcher not built ahead: %s", error)
 
 
-def _init_worker(triton_environment: dict[str, str] | None = None) -> None:
+def _init_worker(triton_environment: dict[str, str] | None = None, owner_pid: int | None = None) -> None:
     """A worker's start: one thread, the loading process's `TRITON_*` variables (a worker forked from
-    the fork server has the server's environment, from when it started), Triton's key of itself."""
+    the fork server has the server's environment, from when it started), Triton's key of itself, and
+    a watch that ends the worker once the loading process `owner_pid` is gone (`_exit_with`)."""
+    if owner_pid is not None:
+        _exit_with(owner_pid)
     torch.set_num_threads(1)
     if triton_environment is not None:
         for name in [name for name in os.environ if name.startswith("TRITON_")]:
@@ -150,6 +153,27 @@ def _init_worker(triton_environment: dict[str, str] | None = None) -> None:
                 del os.environ[name]
         os.environ.update(triton_environment)
     _triton_key()  # imports Triton and hashes it while the programs load, not on the first job
+
+
+OWNER_POLL_S = 0.5  # how often a compile worker checks that its loading process lives
+
+
+def _exit_with(owner_pid: int) -> None:
+    """Ends this worker once process `owner_pid` is gone. A loading process that is killed (an engine
+    process stopped while it loads) never shuts its pool down, and its workers, children of the fork
+    server, would wait on their queue for good (about 160 MB each)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(OWNER_POLL_S)
+            try:
+                os.kill(owner_pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:  # alive, as another user's process: not ours to judge
+                pass
+
+    threading.Thread(target=watch, name="helios-compile-owner-watch", daemon=True).start()
 
 
 def _triton_key() -> None:
@@ -214,7 +238,7 @@ class KernelCompiler:
         context = _worker_context()
         environment = {name: value for name, value in os.environ.items() if name.startswith("TRITON_")}
         self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context, initializer=_init_worker,
-                                         initargs=(environment,))
+                                         initargs=(environment, os.getpid()))
         self._spawned = _COMPILED_HERE  # later loads rarely compile: a worker starts for a variant sent
         if not _COMPILED_HERE:
             threading.Thread(target=_triton_key, name="helios-triton-key", daemon=True).start()

@@ -261,7 +261,7 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
     # generates: their own code is generated only if something calls them (`lazy_code`).
     captured = device.type == "cuda" and options.cuda_graphs
     record = None  # what an earlier load's dry run found, if there is one (`dry_run_record`)
-    if captured and prepared.manifest.ranks == 1:
+    if captured and prepared.manifest.ranks == 1 and compiler.workers:
         record = DryRunRecord.for_load(core.body_sha256, handles, (
             settings.max_concurrency, settings.context_tokens, settings.snapshot_capacity, options.window_pages))
     # Its workers start now, at a lower priority (`KernelCompiler.start`), unless an earlier load's dry run
@@ -323,7 +323,7 @@ def _load_model(core, options: LoadOptions, pages, compiler: KernelCompiler) -> 
             vision = capture_programs(vision, lambda p: program_arguments(p, weights, buffers), buffers, device,
                                       keep=tuned_outputs(prepared))
         if record is not None and compiler.active:
-            record.save(compiler.revealed.values())
+            record.save(compiler.revealed.values(), device)
         if initializers:
             initializers = capture_programs(initializers, lambda p: program_arguments(p, weights, buffers), buffers,
                                             device, keep=tuned_outputs(prepared))
