@@ -23,6 +23,7 @@ import uvicorn
 from helios.server.body_guard import BodyGuard
 from helios.server.connection_limits import ConnectionLimits, protocol_factory
 from helios.server.serve import ServeOptions, bind, uvicorn_config
+from server.test_connection_limits import read_all
 
 WAIT_S = 10.0
 UPGRADE = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
@@ -71,16 +72,6 @@ def port():
 
 def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
-
-
-def read_all(sock: socket.socket) -> bytes:
-    chunks = []
-    try:
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    except ConnectionResetError:
-        pass
-    return b"".join(chunks)
 
 
 def read_one(sock: socket.socket) -> bytes:

@@ -118,6 +118,21 @@ class Run:
     result: ParseResult
 
 
+def control_feeds(controls: dict[str, int], text: str, size: int) -> list[tuple[int, str]]:
+    """`text` as feeds: each control spelling in `controls` as its own token, the other text in pieces of
+    `size` characters (`FILLER_ID`)."""
+    feeds, plain, at = [], "", 0
+    while at < len(text):
+        control = next((c for c in controls if text.startswith(c, at)), None)
+        if control is None:
+            plain, at = plain + text[at], at + 1
+            continue
+        feeds += [(FILLER_ID, plain[i : i + size]) for i in range(0, len(plain), size)]
+        feeds.append((controls[control], control))
+        plain, at = "", at + len(control)
+    return feeds + [(FILLER_ID, plain[i : i + size]) for i in range(0, len(plain), size)]
+
+
 def run(pipeline: OutputPipeline, feeds: Sequence[Feed]) -> Run:
     events: list[Event] = []
     for token_id, text in feeds:

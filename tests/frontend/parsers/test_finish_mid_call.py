@@ -24,7 +24,7 @@ from helios.runtime.records.events import FinishReason
 
 from ..served import deepseek_model, ids_of, qwen_model, run_output
 from ..test_presentation import WEATHER, folded, parse_sse
-from .golden import FILLER_ID, check_stream_invariants, run
+from .golden import check_stream_invariants, control_feeds, run
 from .tools import TOOLS
 
 DS = "｜DSML｜"
@@ -77,16 +77,7 @@ def _controls(name: str) -> dict[str, int]:
 
 def _feeds(name: str, text: str, size: int) -> list[tuple[int, str]]:
     """Header controls as their tokens, the other text in pieces of `size` characters."""
-    controls, feeds, plain, at = _controls(name), [], "", 0
-    while at < len(text):
-        control = next((c for c in controls if text.startswith(c, at)), None)
-        if control is None:
-            plain, at = plain + text[at], at + 1
-            continue
-        feeds += [(FILLER_ID, plain[i:i + size]) for i in range(0, len(plain), size)]
-        feeds.append((controls[control], control))
-        plain, at = "", at + len(control)
-    return feeds + [(FILLER_ID, plain[i:i + size]) for i in range(0, len(plain), size)]
+    return control_feeds(_controls(name), text, size)
 
 
 def _cuts(name: str, text: str) -> list[int]:

@@ -14,7 +14,7 @@ from helios.frontend.decoding.events import ParseErrorKind as K
 from helios.frontend.decoding.syntax import JsonCallSyntax, OutputSyntax, ReasoningSyntaxKind as R, ToolSyntaxKind as T
 from helios.frontend.parsers import OutputPipeline, OutputRequest, OutputStart, ReasoningState, TokenDelimiters
 
-from .golden import FILLER_ID, check_stream_invariants, run
+from .golden import check_stream_invariants, control_feeds, run
 from .tools import TOOLS
 
 DS = "｜DSML｜"
@@ -41,17 +41,7 @@ CALLS = {  # each syntax's spelling of a get_weather call whose arguments object
 
 def feeds_of(name: str, text: str, size: int) -> list[tuple[int, str]]:
     """Harmony controls as their tokens; all other text in pieces of `size` characters."""
-    controls = HARMONY_IDS if name == "harmony" else {}
-    feeds, plain, at = [], "", 0
-    while at < len(text):
-        control = next((c for c in controls if text.startswith(c, at)), None)
-        if control is None:
-            plain, at = plain + text[at], at + 1
-            continue
-        feeds += [(FILLER_ID, plain[i : i + size]) for i in range(0, len(plain), size)]
-        feeds.append((controls[control], control))
-        plain, at = "", at + len(control)
-    return feeds + [(FILLER_ID, plain[i : i + size]) for i in range(0, len(plain), size)]
+    return control_feeds(HARMONY_IDS if name == "harmony" else {}, text, size)
 
 
 def parse(name: str, text: str, size: int = 1):
