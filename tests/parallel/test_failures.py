@@ -156,7 +156,7 @@ if swept("HELIOS_RANK_FAILURE_SWEEP"):
 
 def test_a_rank_that_never_joins_fails_startup(cores):
     core = cores.open(cores.core(QWEN3_MOE, 2))
-    options = replace(FAST, local_ranks=1, rendezvous="127.0.0.1:0", join_timeout_s=0.5)
+    options = replace(FAST, local_ranks=1, rendezvous=f"127.0.0.1:{free_port()}", join_timeout_s=0.5)
     with pytest.raises(MissingRankError, match=r"rank\(s\) \[1\] did not join"):
         build_runtime(core, RuntimeOptions(ranks=options))
 

@@ -42,6 +42,22 @@ import threading
 import time
 from datetime import timedelta
 
+MAX_THREADS = 1024  # --torch-threads: as `helios serve` bounds it
+MAX_SECONDS = 365 * 24 * 3600  # --join-timeout: as `helios serve` bounds timeouts
+_STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+if "torch" not in sys.modules:  # a rank process, starting: before the seconds torch takes to load
+    # torch's C++ log level is read once, as torch loads. Its warnings (a c10d store call that
+    # failed, with a C++ backtrace of 30 lines) would print beside the one line this command ends
+    # with, which reports the error; errors still print.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # A local rank inherits the stop signals ignored (rank zero's engine process ignores them, and
+    # an ignored disposition survives exec): a SIGTERM before `run` installs its handlers was lost,
+    # and the rank went on to load and join. Until then a stop signal ends the rank by the signal.
+    for _signum in _STOP_SIGNALS:
+        if signal.getsignal(_signum) is signal.SIG_IGN:
+            signal.signal(_signum, signal.SIG_DFL)
+
 import torch
 
 from helios.abi.collectives import CollectiveError
@@ -52,10 +68,6 @@ from helios.errors import HeliosError, UsageError
 from helios.runtime.parallel.rank_devices import UnsupportedRanksError, parse_device
 from helios.runtime.parallel.rank_peers import join_rank
 from helios.runtime.parallel.rank_rendezvous import AddressError, Rendezvous, resolve_address
-
-MAX_THREADS = 1024  # --torch-threads: as `helios serve` bounds it
-MAX_SECONDS = 365 * 24 * 3600  # --join-timeout: as `helios serve` bounds timeouts
-_STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 def register(subparsers) -> None:

@@ -27,7 +27,8 @@ def add_rank_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rank-peers", choices=[kind.value for kind in PeerKind], default=PeerKind.PROCESSES.value,
                        help="how local ranks 1..K-1 run: one process each (default) or threads of this process")
     group.add_argument("--rendezvous", default="127.0.0.1:0", metavar="HOST:PORT",
-                       help="address ranks on other hosts join (default 127.0.0.1 on a free port)")
+                       help="address ranks on other hosts join, with the port they join (default 127.0.0.1 on "
+                       "a free port, for local ranks only)")
     group.add_argument("--join-timeout", type=float, default=300.0, metavar="SECONDS",
                        help="how long to wait for every rank to load and join (default 300)")
     group.add_argument("--collective-timeout", type=float, default=60.0, metavar="SECONDS",

@@ -33,17 +33,15 @@ turns false). `close` stops the peers after the engine has stopped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -83,11 +81,9 @@ __all__ = ["PeerKind", "PendingRanks", "RankOptions", "RankPeers", "UnsupportedR
 class RankPeers:
     """Rank zero's peers, their monitor and the `RankedExecutor`. Owned by the runtime."""
 
-    def __init__(self, executor: RankedExecutor, peers: list, keepalive_s: float, workdir: Path | None,
-                 threads_before: int | None = None):
+    def __init__(self, executor: RankedExecutor, peers: list, keepalive_s: float, threads_before: int | None = None):
         self.executor = executor
         self._peers = peers
-        self._workdir = workdir
         self._threads_before = threads_before  # rank zero's own thread count before its share (restored at close)
         self._closing = threading.Event()
         self._monitor = threading.Thread(target=self._watch, args=(keepalive_s,), name="helios-rank-monitor",
@@ -128,8 +124,6 @@ class RankPeers:
         self.executor.stop()
         for peer in self._peers:
             peer.stop(timeout)
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
         _restore_threads(self._threads_before)
 
 
@@ -163,10 +157,9 @@ def launch_peers(core, options: RankOptions, host_pages: int, load: LoadOptions 
                     placement.backend.value, nccl and load.cuda_graphs, options.join_timeout_s,
                     nccl and options.symmetric_all_reduce)
     rendezvous.publish(launch)
-    workdir = Path(tempfile.mkdtemp(prefix="helios-ranks-")) if options.peers is PeerKind.PROCESSES else None
     options, threads_before = _with_local_threads(options, local, nccl)
-    peers = [_start_peer(core, rendezvous, r, options, workdir, placement.devices[r]) for r in range(1, local)]
-    return PendingRanks(rendezvous, launch, peers, placement, options, workdir, threads_before)
+    peers = [_start_peer(core, rendezvous, r, options, placement.devices[r]) for r in range(1, local)]
+    return PendingRanks(rendezvous, launch, peers, placement, options, threads_before)
 
 
 def _with_local_threads(options: RankOptions, local: int, nccl: bool) -> tuple[RankOptions, int | None]:
@@ -194,7 +187,6 @@ class PendingRanks:
     peers: list
     placement: object  # RankPlacement
     options: RankOptions
-    workdir: Path | None
     threads_before: int | None = None  # rank zero's thread count before its share (`_with_local_threads`)
 
     def join(self, executor: Executor, stats: WorkerStats) -> RankPeers:
@@ -206,6 +198,7 @@ class PendingRanks:
         group = None
         try:
             self.rendezvous.wait_ready(range(1, launch.ranks), self.options.join_timeout_s, lambda: _first_lost(peers))
+            self.rendezvous.publish_formation()
             group = self.rendezvous.form_group(0, launch.ranks, timeout, self.placement.devices[0] if nccl else None,
                                                symmetric=launch.symmetric_all_reduce)
             bind_rank(executor.model, group)
@@ -218,7 +211,7 @@ class PendingRanks:
             raise
         # A failed group takes its local peers down with it.
         ranked = RankedExecutor(executor, group, stats, on_failure=lambda reason: [peer.kill() for peer in peers])
-        return RankPeers(ranked, peers, self.options.collective_timeout_s / 4, self.workdir, self.threads_before)
+        return RankPeers(ranked, peers, self.options.collective_timeout_s / 4, self.threads_before)
 
     def abandon(self, reason: str) -> None:
         """Rank zero could not load: every peer gives up (remote ones learn why), local ones stop."""
@@ -226,10 +219,9 @@ class PendingRanks:
         self._stop()
 
     def _stop(self) -> None:
+        self.rendezvous.publish_formation(go=False)  # peers already ready wait for it
         for peer in self.peers:
             peer.stop(0.0)
-        if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
         _restore_threads(self.threads_before)
 
 
@@ -274,6 +266,10 @@ def _rendezvous(options: RankOptions, has_remote: bool) -> Rendezvous:
     if options.peers is PeerKind.THREADS and not has_remote:
         return Rendezvous.in_process()
     host, port = serve_address(options.rendezvous)  # AddressError, a RankJoinError, when it cannot
+    if has_remote and port == 0:  # refused at once: rank zero would wait its whole join timeout
+        raise UnsupportedRanksError(f"ranks from {options.local_ranks} on join from other hosts, but rendezvous "
+                                    f"{options.rendezvous} picks a free port they cannot know: give --rendezvous "
+                                    "HOST:PORT with the port they join")
     return Rendezvous.serve(host, port, timedelta(seconds=options.join_timeout_s))
 
 
@@ -303,6 +299,7 @@ def join_rank(core, rendezvous: Rendezvous, rank: int | None, device: str | None
         rendezvous.reject(rank, str(error) if isinstance(error, LoadError) else f"{type(error).__name__}: {error}")
         raise
     rendezvous.mark_ready(rank)
+    rendezvous.await_formation(timedelta(seconds=launch.join_timeout_s))  # the last rank may come much later
     group = rendezvous.form_group(rank, launch.ranks, timedelta(seconds=launch.collective_timeout_s),
                                   placed if launch.backend == RankBackend.NCCL.value else None,
                                   symmetric=launch.symmetric_all_reduce)
@@ -372,9 +369,10 @@ class _ThreadPeer:
 
 
 class _ProcessPeer:
-    def __init__(self, command: list[str], rank: int):
+    def __init__(self, command: list[str], rank: int, pass_fds: tuple[int, ...] = ()):
         self.rank = rank
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        pass_fds=pass_fds)
 
     def lost(self) -> str | None:
         code = self.process.poll()
@@ -396,24 +394,40 @@ def _first_lost(peers) -> str | None:
     return next((reason for reason in (peer.lost() for peer in peers) if reason is not None), None)
 
 
-def _start_peer(core, rendezvous: Rendezvous, rank: int, options: RankOptions, workdir: Path | None,
-                device: torch.device):
+def _start_peer(core, rendezvous: Rendezvous, rank: int, options: RankOptions, device: torch.device):
     if options.peers is PeerKind.THREADS:  # CPU only (place_local_ranks)
-        return _ThreadPeer(core, rendezvous, rank)
-    return _ProcessPeer(_rank_command(core, rendezvous.address, rank, options, workdir, device), rank)
+        return _ThreadPeer(core, rendezvous.for_thread(timedelta(seconds=options.join_timeout_s)), rank)
+    with _trust_pipes(core.admitted_signers) as fds:
+        return _ProcessPeer(_rank_command(core, rendezvous.address, rank, options, device, fds), rank, fds)
 
 
-def _rank_command(core, address: str, rank: int, options: RankOptions, workdir: Path,
-                  device: torch.device) -> list[str]:
-    """``helios rank --join`` for a local peer: the same core, trusting the keys rank zero admitted."""
-    trust = workdir / "trust"
-    trust.mkdir(exist_ok=True)
-    for key in core.admitted_signers:
-        (trust / f"{key.key_id.hex()}.pub").write_text(key.to_line(), encoding="ascii")
+@contextlib.contextmanager
+def _trust_pipes(keys) -> Iterator[tuple[int, ...]]:
+    """The read ends of one pipe per key, each holding the key's line (a rank process reads them as
+    ``--trust /dev/fd/N``), closed here on exit: nothing of them is left on disk, also when this
+    process is killed (a directory of key files was, once per start)."""
+    fds: list[int] = []
+    try:
+        for key in keys:
+            read, write = os.pipe()
+            fds.append(read)
+            with os.fdopen(write, "wb") as writer:  # a key line fits a pipe's buffer: never blocks
+                writer.write(key.to_line().encode("ascii"))
+        yield tuple(fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _rank_command(core, address: str, rank: int, options: RankOptions, device: torch.device,
+                  trust_fds: tuple[int, ...]) -> list[str]:
+    """``helios rank --join`` for a local peer: the same core, trusting the keys rank zero admitted
+    (read from the pipes `trust_fds`, which the process inherits)."""
     threads = options.torch_threads or torch.get_num_threads()
+    trust = [option for fd in trust_fds for option in ("--trust", f"/dev/fd/{fd}")]
     command = [sys.executable, "-m", "helios.cli.rank_cmd", str(core.path), "--join", address,
                "--rank", str(rank), "--device", str(device), "--accept", core.publisher.namespace,
-               "--trust", str(trust), "--torch-threads", str(threads), "--quiet", "--parent", str(os.getpid())]
+               *trust, "--torch-threads", str(threads), "--quiet", "--parent", str(os.getpid())]
     if options.aes_key_file:
         command += ["--aes-key", options.aes_key_file]
     return command

@@ -17,7 +17,10 @@ of one process). The protocol, in order:
    its model or records why it refuses (``reject``); rank zero waits for every rank, failing with
    a typed `LoadError` on a refusal (or an answer it cannot read), a local peer that died, or a
    rank that did not come within the join timeout;
-4. every rank forms its process groups (``form_group``): a gloo group, whose timeout bounds every
+4. once every rank is ready rank zero says so (``publish_formation``; a ready peer waits for it up to
+   the join timeout, ``await_formation``: forming the group waits only the collective timeout, and a
+   rank that joins later than that after the first must not break the group);
+5. every rank forms its process groups (``form_group``): a gloo group, whose timeout bounds every
    CPU collective (rank zero keeps an idle group alive with keepalive exchanges, see
    `helios.runtime.parallel.ranks`), and for a CUDA model also an NCCL group for the programs' collectives.
 
@@ -61,7 +64,7 @@ from helios.errors import LoadError
 from helios.runtime.parallel.rank_devices import RankBackend
 from helios.runtime.parallel.rank_wire import wire_signature
 
-_LAUNCH, _SIZING, _NEXT_REMOTE = "helios/launch", "helios/sizing", "helios/next_remote"
+_LAUNCH, _SIZING, _NEXT_REMOTE, _FORM = "helios/launch", "helios/sizing", "helios/next_remote", "helios/form"
 _POLL_S = 0.05
 _REASON_BYTES = 4096  # of a peer's refusal, as sent and as read
 
@@ -187,9 +190,15 @@ def parse_address(address: str) -> tuple[str, int]:
     """(host, port) of a rendezvous to join: a port 1..65535 (no port 0: a joiner needs rank zero's)."""
     host, sep, port = address.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not sep or not host or not _is_port(port) or not 1 <= int(port) <= 65535:
         raise AddressError(f"rendezvous address {address!r} is not HOST:PORT with a port 1..65535")
     return host, int(port)
+
+
+def _is_port(text: str) -> bool:
+    """Whether `text` is a port number that `int` reads: ASCII digits, at most five (`str.isdigit`
+    also takes '²', which `int` refuses, and other scripts' digits; `int` refuses 4,300 digits)."""
+    return text.isascii() and text.isdigit() and len(text) <= 5
 
 
 def serve_address(address: str) -> tuple[str, int]:
@@ -199,7 +208,7 @@ def serve_address(address: str) -> tuple[str, int]:
     timeout for a host that is not this machine's)."""
     host, sep, port = address.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not _is_port(port) or not 0 <= int(port) <= 65535:
         raise AddressError(f"rendezvous address {address!r} is not HOST:PORT with a port 0..65535")
     try:
         family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
@@ -241,9 +250,12 @@ class Rendezvous:
         """Rank zero's store on host:port (port 0: any free port); `AddressError` when it cannot
         serve there (checked by `serve_address`, or a taken port)."""
         host, port = serve_address(f"{host}:{port}")
+        listener = _listen(host, port)
+        bound = listener.getsockname()[1]
+        fd = listener.detach()  # the store's server owns the socket from here, and closes it (also when it fails)
         try:
-            store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
-        except (RuntimeError, OSError) as error:  # DistNetworkError (a taken port) is a RuntimeError
+            store = dist.TCPStore(host, bound, None, True, timeout, wait_for_workers=False, master_listen_fd=fd)
+        except (RuntimeError, OSError) as error:  # DistNetworkError is a RuntimeError
             raise AddressError(f"cannot serve the rendezvous on {host}:{port}: {_first_line(error)}") from error
         device = None if host in ("0.0.0.0", "::", "") else host
         return cls(store, device, f"{host}:{store.port}")
@@ -261,6 +273,21 @@ class Rendezvous:
         except (RuntimeError, OSError) as error:  # DistStoreError is a RuntimeError
             raise MissingRankError(f"cannot reach rank zero at {address}: {_first_line(error)}") from error
         return cls(store, _route_to(host), address, timeout_s)
+
+    def for_thread(self, timeout: timedelta) -> "Rendezvous":
+        """The rendezvous of a peer that is a thread of this process: its own client of a served
+        store (the connection of a store client is held by one call at a time, and gloo's group
+        formation holds it while it waits for the other ranks, so two ranks of this process on one
+        client never formed a group), the same in-process store otherwise."""
+        if isinstance(self.store, dist.HashStore):
+            return self
+        host, port = parse_address(self.address)
+        try:
+            store = dist.TCPStore(host, port, None, False, timeout)
+        except (RuntimeError, OSError) as error:
+            raise MissingRankError(f"a local rank cannot reach the rendezvous {self.address}: "
+                                   f"{_first_line(error)}") from error
+        return Rendezvous(store, self.device_host, self.address)
 
     def _call(self, call, what: str):
         """`call()` (a store call), bounded by `call_timeout_s` for a joiner."""
@@ -325,6 +352,22 @@ class Rendezvous:
         with contextlib.suppress(RuntimeError, MissingRankError):
             self._call(lambda: self.store.set(f"helios/ready/{rank}", b"reject:" + reason.encode("utf-8")[:_REASON_BYTES]),
                        "refusal")
+
+    def publish_formation(self, go: bool = True) -> None:
+        """Rank zero, once every rank is ready: the peers may form the group now; or (`go` False,
+        best effort) it gave up starting, and the peers that wait for the others leave."""
+        if go:
+            self.store.set(_FORM, b"go")
+            return
+        with contextlib.suppress(RuntimeError):
+            self.store.set(_FORM, b"stop")
+
+    def await_formation(self, timeout: timedelta) -> None:
+        """A ready peer: returns once rank zero saw every rank ready (`publish_formation`), waiting
+        up to `timeout` (rank zero's join timeout) for the others; `MissingRankError` when it does
+        not come, `RankJoinError` when rank zero gave up."""
+        if self._await(_FORM, timeout.total_seconds(), "did not see every rank join") != b"go":
+            raise RankJoinError(f"rank zero at {self.address} gave up starting the group")
 
     def wait_ready(self, ranks: range, timeout_s: float, lost: Callable[[], str | None]) -> None:
         """Rank zero: returns once every rank in `ranks` is ready; `lost()` names a dead local peer."""
@@ -467,11 +510,33 @@ def _await_listener(host: str, port: int, address: str, timeout_s: float) -> Non
         time.sleep(0.2)
 
 
-def _route_to(host: str) -> str:
-    """The local address that reaches `host` (loopback for a loopback rendezvous)."""
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port only, for the store's server: given a host, the server
+    would itself listen on every interface of the machine, and the store is unauthenticated.
+    `AddressError` when it cannot (a taken port)."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    listener = socket.socket(family, socket.SOCK_STREAM)
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((socket.gethostbyname(host), 9))
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own server does
+        listener.bind((host, port))
+        listener.listen(socket.SOMAXCONN)
+    except OSError as error:
+        listener.close()
+        raise AddressError(f"cannot serve the rendezvous on {host}:{port}: {error.strerror or error}") from None
+    return listener
+
+
+def _route_to(host: str) -> str:
+    """The local address that reaches `host` (loopback for a loopback rendezvous), of the family
+    rank zero's gloo device takes for `host` (gloo pairs addresses of one family only): an IPv6
+    rendezvous gets an IPv6 address. A wildcard rendezvous (rank zero on gloo's default device)
+    is reached over IPv4 loopback."""
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, 9, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)
             return probe.getsockname()[0]
     except OSError:
         return "127.0.0.1"
