@@ -2,13 +2,17 @@
 
 Remote http(s) URLs are fetched only when the operator enables it (`ImageLimits.allow_remote`,
 `helios serve --allow-remote-images`), bounded by the same byte limit and by `FETCH_DEADLINE_S` in
-all (a server that trickles its headers or body is cut off), following redirects to http(s) URLs
-only. Unless the operator allows internal hosts too (`ImageLimits.allow_internal_hosts`,
+all, the fetches of one request together (a server that trickles its headers or body is cut off,
+and several images that each trickle in just under the bound do not add up past it), following
+redirects to http(s) URLs only; a URL with credentials (``user:password@host``) or with a port
+that is not a number from 0 to 65535, the first or a redirect's, is refused rather than fetched.
+Unless the operator allows internal hosts too (`ImageLimits.allow_internal_hosts`,
 `--allow-internal-image-hosts`), a fetch connects to public addresses only: each host (every
 redirect's included) is resolved once, refused when any of its addresses is loopback, private,
-link-local (the cloud metadata address), unspecified, multicast or reserved (IPv4-mapped forms
-included), and the connection goes to the checked address itself (the Host header and TLS name
-stay the URL's), so a name that resolves anew in between cannot switch it.
+link-local (the cloud metadata address), site-local, unspecified, multicast or reserved
+(IPv4-mapped and 6to4 forms of internal IPv4 addresses included), and the connection goes to the
+checked address itself (the Host header and TLS name stay the URL's), so a name that resolves anew
+in between cannot switch it.
 
 Every failure is an `ImageRejected` (HTTP 400) naming the problem: a remote URL while fetching is
 off, a failed fetch, an internal host, a malformed data URL or base64 payload (whitespace, URL-safe
@@ -33,6 +37,7 @@ import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Sequence
@@ -75,13 +80,14 @@ class DecodedImage:
     digest: str  # sha256 hex of the encoded bytes
 
 
-def image_bytes_of(url: str, limits: ImageLimits) -> bytes:
-    """The encoded bytes of an image URL; remote URLs are refused unless fetching is enabled."""
+def image_bytes_of(url: str, limits: ImageLimits, deadline: float | None = None) -> bytes:
+    """The encoded bytes of an image URL; remote URLs are refused unless fetching is enabled, and
+    fetched by `deadline` (see `fetch_image`)."""
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme != "data":
         if scheme in ("http", "https"):
             if limits.allow_remote:
-                return fetch_image(url, limits)
+                return fetch_image(url, limits, deadline)
             raise ImageRejected("remote image URLs are not fetched by this server; send a data: URL")
         named = f"; {_clipped(scheme)!r} URLs are not accepted" if scheme else ""
         raise ImageRejected(f"image_url must be a data: URL (data:image/png;base64,...){named}")
@@ -109,16 +115,36 @@ def image_bytes_of(url: str, limits: ImageLimits) -> bytes:
 
 
 FETCH_TIMEOUT_S = 10.0  # each connect and read
-FETCH_DEADLINE_S = 10.0  # the whole fetch (the preparation timeout's default)
+FETCH_DEADLINE_S = 10.0  # all of one request's fetches together (the preparation timeout's default)
 
 
-def fetch_image(url: str, limits: ImageLimits) -> bytes:
+def fetch_deadline() -> float:
+    """The `time.monotonic()` instant by which the fetches of a request starting now must end:
+    `FETCH_DEADLINE_S` from now. A request's images share one (`decode_image_urls`,
+    `helios.frontend.images.pipeline.ImagePipeline.prepare`): with a deadline of each fetch's own,
+    four images that each trickled in just under it held a preparation thread for four times the
+    bound, long after the request's preparation had timed out."""
+    return time.monotonic() + FETCH_DEADLINE_S
+
+
+def _too_slow() -> ImageRejected:
+    return ImageRejected(f"fetching the request's image URLs took longer than {FETCH_DEADLINE_S:g} s in all")
+
+
+def fetch_image(url: str, limits: ImageLimits, deadline: float | None = None) -> bytes:
     """The bytes at an http(s) URL (only when the operator enabled fetching), within the byte bound
-    and `FETCH_DEADLINE_S`: the fetch runs in a thread of its own that the caller waits for that long
-    (name resolution, a server that trickles its headers and one that trickles its body included);
-    a fetch given up on stops by itself at its next body read past the deadline, or once a network
-    operation waits `FETCH_TIMEOUT_S`."""
-    deadline = time.monotonic() + FETCH_DEADLINE_S
+    and by `deadline` (a `time.monotonic()` instant, the request's `fetch_deadline`; None: a fetch of
+    its own): the fetch runs in a thread of its own that the caller waits for until then (name
+    resolution, a server that trickles its headers and one that trickles its body included), and a
+    fetch that would start past it is refused; a fetch given up on stops by itself at its next body
+    read past the deadline, or once a network operation waits `FETCH_TIMEOUT_S`."""
+    problem = _url_problem(url)
+    if problem is not None:
+        raise ImageRejected(problem)
+    deadline = fetch_deadline() if deadline is None else deadline
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise _too_slow()
     outcome: list = []
     done = threading.Event()
 
@@ -131,8 +157,8 @@ def fetch_image(url: str, limits: ImageLimits) -> bytes:
             done.set()
 
     threading.Thread(target=fetch, name="helios-image-fetch", daemon=True).start()
-    if not done.wait(FETCH_DEADLINE_S):
-        raise ImageRejected(f"fetching the image URL took longer than {FETCH_DEADLINE_S:g} s")
+    if not done.wait(remaining):
+        raise _too_slow()
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
@@ -154,7 +180,7 @@ def _fetch(url: str, limits: ImageLimits, deadline: float) -> bytes:
                 chunks.append(chunk)
                 size += len(chunk)
                 if time.monotonic() > deadline and size <= limits.max_bytes:
-                    raise ImageRejected(f"fetching the image URL took longer than {FETCH_DEADLINE_S:g} s")
+                    raise _too_slow()
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as error:
         raise ImageRejected(f"cannot fetch image URL: {_clipped(str(getattr(error, 'reason', error)))}") from None
     if size > limits.max_bytes:
@@ -164,12 +190,35 @@ def _fetch(url: str, limits: ImageLimits, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
+_CREDENTIALS = ("image URLs with credentials (user:password@host) are not fetched; send a URL without them, "
+                "or the image as a data: URL")
+
+
+def _url_problem(url: str) -> str | None:
+    """What makes an http(s) URL one this server does not fetch, or None: credentials
+    (``user:password@`` before its host: urllib took them as part of the host name, and the error
+    quoted the password back), or a port that is not a number from 0 to 65535 (urllib handed
+    ``:99999999999999999999`` to the resolver, whose OverflowError was a 500, and connected to
+    ``:65616`` as port 80)."""
+    authority = url.split("://", 1)[1] if "://" in url else ""
+    if "@" in re.split(r"[/?#]", authority, maxsplit=1)[0]:
+        return _CREDENTIALS
+    try:
+        urllib.parse.urlsplit(url).port
+    except ValueError as error:
+        return f"the image URL is not valid: {_clipped(str(error))}"
+    return None
+
+
 class _HttpRedirectsOnly(urllib.request.HTTPRedirectHandler):
-    """urllib follows redirects to ftp: too; an image fetch follows http(s) ones only."""
+    """urllib follows redirects to ftp: too; an image fetch follows http(s) ones only (`_url_problem` none)."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         if newurl.split(":", 1)[0].lower() not in ("http", "https"):
             raise ImageRejected("the image URL redirects to a URL that is not http(s)")
+        problem = _url_problem(newurl)
+        if problem is not None:
+            raise ImageRejected(f"the image URL redirects to a URL this server does not fetch: {problem}")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
@@ -179,10 +228,18 @@ def _resolve(host: str, port: int) -> list[str]:
 
 
 def _is_internal(address: str) -> bool:
-    """Whether `address` (an IP as the resolver returns it) is not a public unicast address."""
+    """Whether `address` (an IP as the resolver returns it) is not a public unicast address. A 6to4
+    address (2002::/16) is as internal as the IPv4 address it carries (a host with a 6to4 route
+    delivers it there: 2002:a00:1:: reaches 10.0.0.1), and a deprecated IPv6 site-local one
+    (fec0::/10) is internal (Python counts both as global)."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 zone (fe80::1%eth0) dropped
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.is_site_local:
+            return True
+        if ip.sixtofour is not None and _is_internal(str(ip.sixtofour)):
+            return True
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
     return (not ip.is_global or ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_unspecified
             or ip.is_multicast or ip.is_reserved)
 
@@ -336,16 +393,18 @@ def check_image_count(urls: Sequence[object], limits: ImageLimits) -> None:
         raise ImageRejected(f"a request may carry at most {limits.max_images} images; it has {len(urls)}")
 
 
-def decode_image_url(url: str, limits: ImageLimits) -> DecodedImage:
-    """One image URL decoded; an error names the image's part when `url` knows it
+def decode_image_url(url: str, limits: ImageLimits, deadline: float | None = None) -> DecodedImage:
+    """One image URL decoded (a remote one fetched by `deadline`, its request's `fetch_deadline`;
+    None: a fetch of its own); an error names the image's part when `url` knows it
     (`helios.frontend.preparation.image_parts.ImageSource`)."""
     try:
-        return decode_image(image_bytes_of(url, limits), limits)
+        return decode_image(image_bytes_of(url, limits, deadline), limits)
     except ImageRejected as error:
         raise error.at(getattr(url, "where", None)) from None
 
 
 def decode_image_urls(urls: list[str], limits: ImageLimits) -> list[DecodedImage]:
-    """Every image of one request, within the request's count bound."""
+    """Every image of one request, within the request's count bound, its fetches by one deadline."""
     check_image_count(urls, limits)
-    return [decode_image_url(url, limits) for url in urls]
+    deadline = fetch_deadline()
+    return [decode_image_url(url, limits, deadline) for url in urls]

@@ -7,8 +7,9 @@ are a `LoadError` at startup. `prepare` turns a request's image URLs and its ren
 mapping, and each image's vision tensors at the smallest captured patch capacity that holds it
 (images are encoded one at a time, so a repeated image's features can be reused by content hash).
 Each image is decoded and prepared before the next is decoded (a request holds one image's decoded
-pixels at a time), and an image's error names its part (``messages[1].content[0]``) when its URL is
-an `ImageSource`. Layouts: SPATIAL_POSITIONS_3D (`layout`) and FEATURE_SPAN (`feature_span`).
+pixels at a time), a request's remote images are fetched by one deadline (`fetch_deadline`), and an
+image's error names its part (``messages[1].content[0]``) when its URL is an `ImageSource`.
+Layouts: SPATIAL_POSITIONS_3D (`layout`) and FEATURE_SPAN (`feature_span`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from helios.contract import serving_pb2 as spb
 from helios.errors import LoadError
-from helios.frontend.images.decode import ImageLimits, check_image_count, decode_image_url
+from helios.frontend.images.decode import ImageLimits, check_image_count, decode_image_url, fetch_deadline
 from helios.frontend.images.errors import ImageRejected
 from helios.frontend.images.layout import LAYOUT_OUTPUTS, ImagePrompt, LayoutParams, features_of, layout_prompt, vision_tensors
 from helios.frontend.images.feature_span import SPAN_OUTPUTS, TEMPORAL_PATCH_SIZE, span_prompt, span_tensors
@@ -88,7 +89,8 @@ class ImagePipeline:
 
     def prepare(self, urls: list[str], token_ids) -> PreparedImages:
         check_image_count(urls, self.limits)
-        images = [self._prepare_one(url) for url in urls]
+        deadline = fetch_deadline()
+        images = [self._prepare_one(url, deadline) for url in urls]
         span = self.kind == spb.IMAGE_LAYOUT_FEATURE_SPAN
         prompt = (span_prompt if span else layout_prompt)(token_ids, images, self.layout)
         capacities = []
@@ -104,10 +106,11 @@ class ImagePipeline:
         counts = tuple(features_of(image, self.layout.merge_size) for image in images)
         return PreparedImages(prompt, tuple(images), tuple(capacities), tensors, counts)
 
-    def _prepare_one(self, url: str) -> PreparedImage:
-        """One image decoded and prepared; the decoded pixels (up to `ImageLimits.max_pixels`) are
-        dropped before the next image is decoded, so a request holds one image's pixels at a time."""
-        decoded = decode_image_url(url, self.limits)
+    def _prepare_one(self, url: str, deadline: float) -> PreparedImage:
+        """One image decoded (fetched by the request's `deadline`) and prepared; the decoded pixels
+        (up to `ImageLimits.max_pixels`) are dropped before the next image is decoded, so a request
+        holds one image's pixels at a time."""
+        decoded = decode_image_url(url, self.limits, deadline)
         try:
             return prepare_image(decoded.image, self.preparation, decoded.digest)
         except ImageRejected as error:
