@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,27 @@ def cache(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> Path:
+    """A Triton cache holding the job's variant, compiled once by a compile worker (a spawned process:
+    a process whose tests turned Triton's interpreter on cannot compile it itself)."""
+    directory, job = tmp_path_factory.mktemp("compiled"), _silu_mul_job()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_CACHE_DIR", str(directory))  # the worker takes the load's Triton environment
+        patch.delenv("TRITON_INTERPRET", raising=False)
+        with KernelCompiler(1) as compiler:
+            compiler.start()
+            assert compiler.submit(job, ("silu",))
+            assert compiler.wait()["failed"] == []
+    return directory
+
+
+def _compile(job, cache: Path, compiled: Path) -> None:
+    """`job`'s variant into `cache`, as a worker compiles it (`compiled`'s files)."""
+    shutil.copytree(compiled, cache, dirs_exist_ok=True)
+    assert kernel_precompile.cached_on_disk(job)
+
+
 @pytest.fixture
 def job(cache, monkeypatch):
     job = _silu_mul_job()
@@ -54,21 +76,21 @@ def _record(core: bytes = b"\x01" * 32, handles=HANDLES, sizes=SIZES) -> DryRunR
     return DryRunRecord.for_load(core, handles, sizes)
 
 
-def test_a_record_is_read_back_as_the_jobs_written_and_counts_only_when_every_variant_is_on_disk(job, cache):
+def test_a_record_is_read_back_as_the_jobs_written_and_counts_only_when_every_variant_is_on_disk(job, cache, compiled):
     record = _record()
     assert not record.exists() and record.all_on_disk(DEVICE) is None
     assert record.save([job], DEVICE)
     assert record.exists() and len(list(cache.rglob(FILENAME))) == 1
     assert _record()._read() == ([job], list(H200))  # the same key, another object: the job as it was, its target too
     assert record.all_on_disk(DEVICE) is None  # listed, but not compiled: the dry run runs
-    kernel_precompile.compile_job(job)  # as a worker compiles it, into the same cache
+    _compile(job, cache, compiled)  # as a worker compiles it, into the same cache
     assert record.all_on_disk(DEVICE) == 1
     assert DryRunRecord.for_load(b"\x01" * 32, HANDLES, SIZES).all_on_disk(DEVICE) == 1
 
 
-def test_a_variant_for_another_target_is_not_this_devices(job, monkeypatch):
+def test_a_variant_for_another_target_is_not_this_devices(job, monkeypatch, cache, compiled):
     record = _record()
-    kernel_precompile.compile_job(job)
+    _compile(job, cache, compiled)
     assert record.save([job], DEVICE) and record.all_on_disk(DEVICE) == 1
     from triton.backends.compiler import GPUTarget
 
@@ -162,10 +184,10 @@ def test_workers_of_a_load_that_expects_to_compile_nothing_wait_to_be_asked_for(
     assert spawned == [2]
 
 
-def test_a_record_made_on_another_gpu_of_the_same_target_is_not_this_ones(job, monkeypatch):
+def test_a_record_made_on_another_gpu_of_the_same_target_is_not_this_ones(job, monkeypatch, cache, compiled):
     """An H100 and an H200 are both sm_90, but kernels' splits follow the multiprocessor count."""
     record = _record()
-    kernel_precompile.compile_job(job)
+    _compile(job, cache, compiled)
     assert record.save([job], DEVICE) and record.all_on_disk(DEVICE) == 1
     monkeypatch.setattr(dry_run_record, "_device_identity", lambda device: ["NVIDIA H100 80GB HBM3", 9, 0, 132])
     assert record.all_on_disk(DEVICE) is None
