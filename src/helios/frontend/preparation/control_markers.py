@@ -220,23 +220,38 @@ class ControlMarkers:
         return any(text[i:] in self._prefixes for i, char in enumerate(text) if char in self._twin_of)
 
     def _escape(self, value):
-        if isinstance(value, str):
-            return self._escape_text(value)
-        if isinstance(value, ToolArguments):
-            text, items = self._escape_text(value.text), self._escape_items(value)
-            return value if text is value.text and items is value else _EscapedArguments(text, items)
-        if isinstance(value, dict):
-            return self._escape_items(value)
-        if isinstance(value, list):
-            escaped = [self._escape(item) for item in value]
-            return value if all(a is b for a, b in zip(escaped, value)) else escaped
-        return value
+        """`value` with every string (keys included) escaped; a container is the same object where
+        nothing in it changed. Iterative: tool-call arguments nest as deep as JSON decoding allows,
+        deeper than Python's recursion limit leaves room for (a recursion here was a 500)."""
+        done: list = []  # escaped values of visited nodes, children in order before their container
+        stack: list = [(value, None)]  # (node, None): visit it; (container, n): build it from n results
+        while stack:
+            node, count = stack.pop()
+            if count is not None:
+                children = done[len(done) - count:]
+                del done[len(done) - count:]
+                done.append(self._rebuilt(node, children))
+            elif isinstance(node, str):
+                done.append(self._escape_text(node))
+            elif isinstance(node, (dict, list)):
+                children = [part for pair in node.items() for part in pair] if isinstance(node, dict) else node
+                stack.append((node, len(children)))
+                stack.extend((child, None) for child in reversed(children))
+            else:
+                done.append(node)
+        return done[0]
 
-    def _escape_items(self, value: dict) -> dict:
-        pairs = [(self._escape(k), self._escape(v)) for k, v in value.items()]
-        if all(k2 is k and v2 is v for (k2, v2), (k, v) in zip(pairs, value.items())):
-            return value
-        return dict(pairs)
+    def _rebuilt(self, node: dict | list, children: list):
+        """`node` with its escaped children (a dict's keys and values alternating)."""
+        if isinstance(node, list):
+            return node if all(a is b for a, b in zip(children, node)) else children
+        pairs = list(zip(children[::2], children[1::2]))
+        unchanged = all(k2 is k and v2 is v for (k2, v2), (k, v) in zip(pairs, node.items()))
+        items = node if unchanged else dict(pairs)
+        if isinstance(node, ToolArguments):
+            text = self._escape_text(node.text)
+            return node if text is node.text and items is node else _EscapedArguments(text, items)
+        return items
 
     def _escape_text(self, text: str) -> str:
         """The text with the first character of each marker, and of a trailing proper prefix of one,

@@ -73,6 +73,7 @@ class ToolSpec:
     name: str
     description: str | None
     parameters_json: str | None  # JSON text of the parameters schema object
+    strict: bool | None = None  # rendered as the client sent it (templates that print the tool show it)
 
 
 _KEYS = {
@@ -207,7 +208,10 @@ def parse_tools(raw: object) -> tuple[ToolSpec, ...]:
             raise MessageError(f"{where}.function.description must be a string", "tools")
         if parameters is not None and not isinstance(parameters, dict):
             raise MessageError(f"{where}.function.parameters must be a JSON schema object", "tools")
-        tools.append(ToolSpec(name, description, None if parameters is None else json.dumps(parameters)))
+        strict = function.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise MessageError(f"{where}.function.strict must be a boolean", "tools")
+        tools.append(ToolSpec(name, description, None if parameters is None else json.dumps(parameters), strict))
     if len({tool.name for tool in tools}) != len(tools):
         raise MessageError("tools: function names must be unique", "tools")
     return tuple(tools)
@@ -270,5 +274,7 @@ def template_tools(tools: tuple[ToolSpec, ...]) -> list[dict] | None:
             function["description"] = tool.description
         if tool.parameters_json is not None:
             function["parameters"] = json.loads(tool.parameters_json)
+        if tool.strict is not None:  # templates that print a tool (tojson) print it, as transformers renders it
+            function["strict"] = tool.strict
         out.append({"type": "function", "function": function})
     return out

@@ -1,0 +1,78 @@
+"""Chat messages at the edges of what a client may send, rendered through a family's published template.
+
+Each case is a regression: the input a client sent, what Helios did before, and what it must do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers.utils import chat_template_utils
+
+from helios.frontend.preparation.messages import MessageError, Role, parse_tools
+from helios.frontend.preparation.prompt import PrefixConstraint, PromptBuilder, PromptRules, ReasoningMarkup
+from helios.frontend.preparation.template import ChatTemplate
+
+TEMPLATES = Path(__file__).parent.parent / "fixtures" / "templates"
+CHATML_RULES = PromptRules(
+    "<|im_start|>", "assistant\n", ("<|im_end|>",), ReasoningMarkup("<think>", "</think>", ("<tool_call>",)),
+    {Role.SYSTEM: PrefixConstraint.STABLE, Role.USER: PrefixConstraint.STABLE,
+     Role.ASSISTANT: PrefixConstraint.CHANGES_WHEN_LAST, Role.TOOL: PrefixConstraint.STABLE},
+)
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen_tokenizer):
+    template = ChatTemplate((TEMPLATES / "qwen3.jinja").read_text())
+    return PromptBuilder(template, qwen_tokenizer, CHATML_RULES), qwen_tokenizer
+
+
+def nested_arguments(depth: int, leaf: str) -> str:
+    return '{"a": ' * depth + json.dumps(leaf) + "}" * depth
+
+
+def call_history(arguments: str) -> list[dict]:
+    call = {"id": "call1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+    return [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call1", "content": "sunny"}]
+
+
+@pytest.mark.parametrize("depth", [450, 900])
+def test_deeply_nested_tool_arguments_holding_marker_text_render(qwen3, depth):
+    """History tool-call arguments nested some hundreds of levels deep (JSON decoding takes them) that
+    also hold control-marker text: keeping that text literal walked the decoded arguments recursively
+    and raised RecursionError, a 500, where the same arguments without marker text rendered. They
+    render as that text, the marker a literal, the template's markers the only control tokens."""
+    builder, tokenizer = qwen3
+    im_end = tokenizer.token_to_id("<|im_end|>")
+    plain = builder.build(call_history(nested_arguments(depth, "xx")))
+    marked = builder.build(call_history(nested_arguments(depth, "<|im_end|>")))
+    assert marked.text == plain.text.replace('"xx"', '"<|im_end|>"')
+    assert marked.token_ids.count(im_end) == plain.token_ids.count(im_end)
+    assert tokenizer.decode(list(marked.token_ids), skip_special_tokens=False) == marked.text
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_tool_s_strict_flag_renders_as_transformers_renders_it(qwen3, strict):
+    """A tool declared with ``strict`` (the openai client's `pydantic_function_tool` sends
+    ``strict: true``): the template received the tool without it, so templates that print the tool
+    (Qwen's ``tool | tojson``, Llama's, Mistral's, GLM's, Qwen3-Coder's ``<strict>``) rendered other
+    text than `apply_chat_template` with the same tool."""
+    builder, _ = qwen3
+    tool = {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "strict": strict}}
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    rendered, _ = chat_template_utils.render_jinja_template(
+        conversations=[messages], tools=[tool], chat_template=(TEMPLATES / "qwen3.jinja").read_text(),
+        add_generation_prompt=True)
+    assert f'"strict": {json.dumps(strict)}' in rendered[0]
+    assert builder.build(messages, [tool]).text == rendered[0]
+
+
+def test_a_tool_s_strict_flag_must_be_a_boolean():
+    with pytest.raises(MessageError, match=r"tools\[0\]\.function\.strict must be a boolean") as raised:
+        parse_tools([{"type": "function", "function": {"name": "f", "strict": "yes"}}])
+    assert raised.value.param == "tools"
