@@ -186,4 +186,4 @@ def run(args: argparse.Namespace) -> int:
         return serve_run.run(args, names, spawned, started)
     finally:
         if spawned is not None:
-            spawned.discard()  # the start failed before the engine process's load order
+            spawned.discard()  # the start failed before it ordered or took over the engine process

@@ -153,7 +153,7 @@ def _start(args: argparse.Namespace, runtime_options: RuntimeOptions, spawned: E
         if signum == signal.SIGINT:
             raise KeyboardInterrupt from None  # here, no native code below: `main` exits 130 with one line
         if spawned is not None:
-            spawned.discard()  # one not yet ordered to load: killed now, not left to notice this process is gone
+            spawned.discard()  # not yet ordered or taken over: killed now, not left to notice this process is gone
         print(f"helios serve: stopped by {signal.Signals(signum).name} while starting", file=sys.stderr, flush=True)
         signal.raise_signal(signum)  # its own handler again: the exit a running server's signal gives
         raise
