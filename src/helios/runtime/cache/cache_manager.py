@@ -392,9 +392,11 @@ class CacheManager:
         """Publish a snapshot of the request's committed state at `endpoint` (default: its prompt
         boundary; or the end of its stable prefix), keeping its pages (complete pages are shared by
         reference, the partial page and state rows are copied to a continuation row). Only where
-        `publishes_prompt_snapshots`. None when not applicable, already published, or no row is free."""
+        `publishes_prompt_snapshots`. None when not applicable, already published, or no row is free;
+        also when the request released pages outside its sliding window (a layout with recurrent
+        state whose paged regions all slide): as with `checkpoint`, a snapshot would lack them."""
         endpoint = req.num_prompt_tokens if endpoint is None else endpoint
-        if not self.publishes_prompt_snapshots or endpoint == 0:
+        if not self.publishes_prompt_snapshots or endpoint == 0 or req.num_released_pages:
             return None
         page_tokens = self.layout.page_tokens
         num_complete = endpoint // page_tokens

@@ -81,6 +81,17 @@ class SchedulerCounters(NamedTuple):
     window_pages_cached: int = 0
 
 
+def _settle_finished(req: RequestState, result: RowResult) -> None:
+    """A row of a request that already finished completed: a second frame's decode round, planned
+    before the first round's EOS was known, fed that EOS token and advanced the slot's state (and
+    pages) by its position. Its history now ends there, so `num_computed_tokens` follows, and a
+    final snapshot (`Scheduler._release`) captures state and endpoint together; left behind, a
+    recurrent state one token past the endpoint would be published and restored by later turns.
+    A row past the known tokens (a cancelled or stopped request, never checkpointed) is ignored."""
+    if req.num_computed_tokens < result.consumed_endpoint <= len(req.token_ids):
+        req.num_computed_tokens = result.consumed_endpoint
+
+
 class Scheduler:
     def __init__(self, caps: Capacities, policy: SchedulerPolicy, cache: CacheManager,
                  slots: SlotTable, clock: Callable[[], int]):
@@ -221,6 +232,8 @@ class Scheduler:
         for row, result, req in zip(rows, results, requests):
             self._retire_row(row, req)
             if req.status != RequestStatus.RUNNING:
+                if req.status == RequestStatus.FINISHED:
+                    _settle_finished(req, result)
                 continue
             req.num_computed_tokens = result.consumed_endpoint
             reason = None
@@ -243,7 +256,8 @@ class Scheduler:
         `_release_done` then has nothing to release (a request that finished here was released by
         `_finish` if it can be, and no plan names a request twice)."""
         publish_every, trims = self.cache.commit_work()
-        cache, running, eos, length = self.cache, RequestStatus.RUNNING, FinishReason.EOS, FinishReason.LENGTH
+        cache, running, finished = self.cache, RequestStatus.RUNNING, RequestStatus.FINISHED
+        eos, length = FinishReason.EOS, FinishReason.LENGTH
         now, settled, new = None, True, tuple.__new__
         for result, req in zip(results, requests):
             req.num_inflight_plans -= 1
@@ -251,6 +265,8 @@ class Scheduler:
             req.num_pending_samples -= 1
             if req.status is not running:
                 settled = False
+                if req.status is finished:
+                    _settle_finished(req, result)
                 continue
             req.num_computed_tokens = computed = result.consumed_endpoint
             spec, token_ids = req.spec, result.token_ids
@@ -300,7 +316,7 @@ class Scheduler:
                 self._finish(req, FinishReason.ERROR, events, message)
         for snapshot_id, kind in flight.fences:
             self.cache.snapshots.settle(snapshot_id, kind, False)
-        self._release_done(flight.requests, may_hold=False)  # the failed plan's copies may not have run
+        self._release_done(flight.requests, intact=False)  # the failed plan may have run in part
         return events
 
     @staticmethod
@@ -358,20 +374,22 @@ class Scheduler:
         if req.num_inflight_plans == 0:
             self._release(req)
 
-    def _release_done(self, requests: list[RequestState], may_hold: bool = True) -> None:
+    def _release_done(self, requests: list[RequestState], intact: bool = True) -> None:
         for req in requests:
             if req.status == RequestStatus.FINISHED and req.num_inflight_plans == 0 and not req.released:
-                self._release(req, may_hold)
+                self._release(req, intact)
 
-    def _release(self, req: RequestState, may_hold: bool = True) -> None:
+    def _release(self, req: RequestState, intact: bool = True) -> None:
         """The final fence passed: return the slot and pages (checkpointing a successful end). With
         members of its prompt group still waiting, the cache holds the prompt for them first
-        (`CacheManager.hold_prompt`), unless it ended in a failure."""
+        (`CacheManager.hold_prompt`), unless it ended in a failure. `intact` False: the last plan
+        naming it failed (its copies may not have run, its program may have run in part, past the
+        request's end), so nothing of it is held or checkpointed."""
         if req.slot >= 0:
-            if (may_hold and req.finish_reason != FinishReason.ERROR
+            if (intact and req.finish_reason != FinishReason.ERROR
                     and self.queues.num_awaiting.get(req.prompt_key)):
                 self.cache.hold_prompt(req)
-            natural = req.finish_reason in (FinishReason.EOS, FinishReason.LENGTH)
+            natural = intact and req.finish_reason in (FinishReason.EOS, FinishReason.LENGTH)
             if natural and req.spec.publish_snapshot and self.policy.prefix_caching:
                 work = self.cache.checkpoint(req, Residence.DEVICE)
                 if work is not None:
