@@ -38,21 +38,7 @@ def test_ranks_that_join_after_the_collective_timeout_join_threads_of_rank_zero(
     address = f"127.0.0.1:{free_port()}"
     options = RankOptions(peers=PeerKind.THREADS, local_ranks=2, rendezvous=address,
                           collective_timeout_s=COLLECTIVE_TIMEOUT_S, join_timeout_s=HANG_GUARD_S)
-    outcome: list = []
-
-    def rank_zero() -> None:
-        try:
-            outcome.append(build_runtime(cores.open(path), RuntimeOptions(ranks=options)))
-        except Exception as error:  # noqa: BLE001 - checked below
-            outcome.append(error)
-
-    zero = threading.Thread(target=rank_zero, daemon=True)
-    zero.start()
-    watcher = Rendezvous.join(address, timedelta(seconds=HANG_GUARD_S))
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not watcher.store.check(["helios/ready/1"]):  # rank 1, a thread of rank zero, is ready
-        assert zero.is_alive() and time.monotonic() < deadline, outcome
-        time.sleep(0.05)
+    zero, outcome = _rank_zero_with_rank_one_ready(cores, path, options, address)
     time.sleep(COLLECTIVE_TIMEOUT_S + 1.0)  # the remote ranks come later than rank 1's collective timeout
     errors: list = []
 
@@ -85,12 +71,27 @@ def test_ranks_waiting_for_the_others_leave_when_rank_zero_gives_up(cores):
     address = f"127.0.0.1:{free_port()}"
     options = RankOptions(peers=PeerKind.THREADS, local_ranks=2, rendezvous=address,
                           collective_timeout_s=COLLECTIVE_TIMEOUT_S, join_timeout_s=3600.0)
+    zero, outcome = _rank_zero_with_rank_one_ready(cores, path, options, address)
+    with pytest.raises(RankJoinError, match="prepared for 2 ranks"):
+        join_rank(cores.open(cores.core(QWEN3_MOE, 2)), Rendezvous.join(address, timedelta(seconds=HANG_GUARD_S)), 2)
+    zero.join(HANG_GUARD_S)
+    (error,) = outcome
+    assert isinstance(error, RankJoinError) and "rank 2 refused to join" in str(error), error
+    deadline = time.monotonic() + HANG_GUARD_S  # a hang guard, far below rank 1's join timeout (an hour)
+    while any(thread.name == "helios-rank-1" for thread in threading.enumerate()):
+        assert time.monotonic() < deadline, "rank 1 still waits for the ranks of a group rank zero gave up"
+        time.sleep(0.05)
+
+
+def _rank_zero_with_rank_one_ready(cores, path, options: RankOptions, address: str) -> tuple[threading.Thread, list]:
+    """Rank zero loading on a thread of this process (its outcome, a runtime or an error, in the list),
+    returned once rank 1, a thread of rank zero, is ready."""
     outcome: list = []
 
     def rank_zero() -> None:
         try:
             outcome.append(build_runtime(cores.open(path), RuntimeOptions(ranks=options)))
-        except Exception as error:  # noqa: BLE001 - checked below
+        except Exception as error:  # noqa: BLE001 - the caller checks it
             outcome.append(error)
 
     zero = threading.Thread(target=rank_zero, daemon=True)
@@ -100,11 +101,4 @@ def test_ranks_waiting_for_the_others_leave_when_rank_zero_gives_up(cores):
     while not watcher.store.check(["helios/ready/1"]):
         assert zero.is_alive() and time.monotonic() < deadline, outcome
         time.sleep(0.05)
-    with pytest.raises(RankJoinError, match="prepared for 2 ranks"):
-        join_rank(cores.open(cores.core(QWEN3_MOE, 2)), Rendezvous.join(address, timedelta(seconds=HANG_GUARD_S)), 2)
-    zero.join(HANG_GUARD_S)
-    (error,) = outcome
-    assert isinstance(error, RankJoinError) and "rank 2 refused to join" in str(error), error
-    while any(thread.name == "helios-rank-1" for thread in threading.enumerate()):
-        assert time.monotonic() < deadline, "rank 1 still waits for the ranks of a group rank zero gave up"
-        time.sleep(0.05)
+    return zero, outcome
