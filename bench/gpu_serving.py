@@ -25,6 +25,7 @@ import argparse
 import gc
 import json
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -349,14 +350,28 @@ def one_frame_rows(engine, workloads, vocab: int, results: dict) -> dict:
     return rows
 
 
-def ttft_rows(engine, vocab: int, prompt_tokens: int) -> dict:
-    cold = [(i * 131 + 7) % (vocab - 16) + 16 for i in range(prompt_tokens)]
-    cold_s, _ = time_to_first_token(engine, cold)
+def ttft_rows(engine, vocab: int, prompt_tokens: int, samples: int = 5) -> dict:
+    """Time to the first token of a cold prompt and of one whose first 90% is cached, `samples` of
+    each (every cold prompt distinct, every cached one a distinct tail on the first cold prompt):
+    the medians, and every sample."""
+    def tokens(seed: int, count: int) -> list[int]:
+        return [(i * 131 + 7 + seed * 7919) % (vocab - 16) + 16 for i in range(count)]
+
     shared = int(prompt_tokens * 0.9)
-    warm = cold[:shared] + [(i * 17 + 3) % (vocab - 16) + 16 for i in range(prompt_tokens - shared)]
-    warm_s, reused = time_to_first_token(engine, warm)
-    log(f"TTFT {prompt_tokens} tokens: {cold_s * 1e3:.1f} ms cold, {warm_s * 1e3:.1f} ms with {reused} cached")
-    return {"prompt_tokens": prompt_tokens, "cold_s": cold_s, "prefix_cached_s": warm_s, "reused_tokens": reused}
+    colds = [time_to_first_token(engine, tokens(seed, prompt_tokens))[0] for seed in range(samples)]
+    base = tokens(0, prompt_tokens)[:shared]
+    warms, reused = [], []
+    for seed in range(samples):
+        tail = [(i * 17 + 3 + seed * 104729) % (vocab - 16) + 16 for i in range(prompt_tokens - shared)]
+        seconds, count = time_to_first_token(engine, base + tail)
+        warms.append(seconds)
+        reused.append(count)
+    cold_s, warm_s = statistics.median(colds), statistics.median(warms)
+    log(f"TTFT {prompt_tokens} tokens, median of {samples}: {cold_s * 1e3:.1f} ms cold "
+        f"({', '.join(f'{s * 1e3:.1f}' for s in colds)}), {warm_s * 1e3:.1f} ms with {min(reused)} cached "
+        f"({', '.join(f'{s * 1e3:.1f}' for s in warms)})")
+    return {"prompt_tokens": prompt_tokens, "cold_s": cold_s, "prefix_cached_s": warm_s, "reused_tokens": min(reused),
+            "cold_samples_s": colds, "prefix_cached_samples_s": warms}
 
 
 def hf_rows(shape: LlamaShape, workloads, results: dict, args, device: torch.device, checkpoint: Path) -> None:

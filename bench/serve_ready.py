@@ -9,7 +9,8 @@ Each `--tree` is put first on PYTHONPATH of a `python -m helios.cli.main serve -
 `--warmup N` starts each tree N times first, uncounted (caches, and the records a load keeps).
 `--trace` runs each counted start with HELIOS_START_TRACE=1 and prints, for each tree's median start,
 when each step of the start was reached in either process (`helios.server.start_trace`), in seconds
-after the launch.
+after the launch. `--fresh-caches` gives every start (warm-ups too) its own empty Triton and
+Inductor caches (a machine's first start: the load's dry run and every kernel compiled).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -37,12 +39,24 @@ def free_port() -> int:
 TRACE = "helios start trace:"
 
 
-def ready_seconds(tree: str, serve_args: list[str], timeout_s: float, trace: bool = False) -> tuple[float, list[str]]:
+def ready_seconds(tree: str, serve_args: list[str], timeout_s: float, trace: bool = False,
+                  fresh_caches: bool = False) -> tuple[float, list[str]]:
     """Seconds from the launch to the first /health 200, and the start's trace lines (with `trace`),
-    each as "SECONDS PID STEP" after the launch."""
+    each as "SECONDS PID STEP" after the launch; with `fresh_caches`, on empty Triton and Inductor caches."""
+    if not fresh_caches:
+        return _ready_seconds(tree, serve_args, timeout_s, trace, {})
+    with tempfile.TemporaryDirectory(prefix="serve-ready-caches-") as caches:
+        env = {"TRITON_CACHE_DIR": os.path.join(caches, "triton"),
+               "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor")}
+        return _ready_seconds(tree, serve_args, timeout_s, trace, env)
+
+
+def _ready_seconds(tree: str, serve_args: list[str], timeout_s: float, trace: bool,
+                   extra_env: dict[str, str]) -> tuple[float, list[str]]:
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     env["HELIOS_START_TRACE"] = "1" if trace else "0"
+    env.update(extra_env)
     launched = time.time()
     started = time.monotonic()
     process = subprocess.Popen([sys.executable, "-m", "helios.cli.main", "serve", "--port", str(port), *serve_args],
@@ -86,18 +100,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="starts of each tree (default 4)")
     parser.add_argument("--warmup", type=int, default=1, help="starts of each tree not counted (default 1: caches)")
     parser.add_argument("--trace", action="store_true", help="print each tree's median start step by step")
+    parser.add_argument("--fresh-caches", action="store_true",
+                        help="every start on its own empty Triton and Inductor caches (a machine's first start)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a start may take (default 600)")
     parser.add_argument("serve_args", nargs=argparse.REMAINDER, help="after --: arguments for helios serve")
     args = parser.parse_args()
     serve_args = args.serve_args[1:] if args.serve_args[:1] == ["--"] else args.serve_args
     for _ in range(args.warmup):
         for tree in args.tree:
-            ready_seconds(tree, serve_args, args.timeout)
+            ready_seconds(tree, serve_args, args.timeout, fresh_caches=args.fresh_caches)
     times: dict[str, list[float]] = {tree: [] for tree in args.tree}
     traces: dict[str, list[list[str]]] = {tree: [] for tree in args.tree}
     for round_ in range(args.rounds):
         for tree in args.tree:
-            seconds, steps = ready_seconds(tree, serve_args, args.timeout, args.trace)
+            seconds, steps = ready_seconds(tree, serve_args, args.timeout, args.trace, args.fresh_caches)
             times[tree].append(seconds)
             traces[tree].append(steps)
             print(f"round {round_ + 1}: {tree}: {times[tree][-1]:.2f} s", flush=True)

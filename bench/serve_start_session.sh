@@ -7,7 +7,8 @@
 #      ROUNDS starts each after one warm-up;
 #   3. bench/standin_referrers.py at the same layers (stand-in weights alive after the load), if STANDIN=1;
 #   4. pytest on TESTS (paths under tests/, with the same src), if set.
-# Each tree is started once uncounted first; TRACE=1 (the default) prints each tree's median start step by
+# Each tree is started once uncounted first; FRESH=1 gives every start its own empty Triton and Inductor
+# caches (a machine's first start, bench/serve_ready.py --fresh-caches); TRACE=1 (the default) prints each tree's median start step by
 # step (HELIOS_START_TRACE, bench/serve_ready.py --trace).
 # The tree's src is this checkout's, or .anchor/src.tgz where present (`git archive --format=tar.gz HEAD src`:
 # a commit's, whatever the working tree holds); the patch: `git diff HEAD REV -- src > .anchor/old.patch`.
@@ -28,9 +29,10 @@ fi
 rm -rf /tmp/core8b
 timeout 240 python3 bench/cold_start.py --layers "$layers" --variants logprobs --skip-no-logprobs-load \
   --keep-core /tmp/core8b 2>&1 | grep -v "checkpoint: layer" | tee "$out/cold_start.log" | tail -45
-trace=()
-[ "${TRACE:-1}" = 1 ] && trace=(--trace)
-timeout 330 python3 bench/serve_ready.py "${trees[@]}" "${trace[@]}" --rounds "${ROUNDS:-3}" --timeout 120 -- \
+flags=()
+[ "${TRACE:-1}" = 1 ] && flags=(--trace)
+[ "${FRESH:-0}" = 1 ] && flags+=(--fresh-caches)
+timeout 330 python3 bench/serve_ready.py "${trees[@]}" "${flags[@]}" --rounds "${ROUNDS:-3}" --timeout 120 -- \
   /tmp/core8b/model.core --device cuda --accept bench/gpu --trust /tmp/core8b/publisher.key.pub 2>&1 \
   | tee "$out/serve_ready.log"
 if [ "${STANDIN:-0}" = 1 ]; then
