@@ -9,7 +9,7 @@ Each `--tree` is put first on PYTHONPATH of a `python -m helios.cli.main serve -
 `--warmup N` starts each tree N times first, uncounted (caches, and the records a load keeps).
 `--trace` runs each counted start with HELIOS_START_TRACE=1 and prints, for each tree's median start,
 when each step of the start was reached in either process (`helios.server.start_trace`), in seconds
-after the launch. `--fresh-caches` gives every start (warm-ups too) its own empty Triton and
+after the launch, among the start's other standard-error lines as they were read (progress, log). `--fresh-caches` gives every start (warm-ups too) its own empty Triton and
 Inductor caches (a machine's first start: the load's dry run and every kernel compiled).
 """
 
@@ -62,8 +62,14 @@ def _ready_seconds(tree: str, serve_args: list[str], timeout_s: float, trace: bo
     process = subprocess.Popen([sys.executable, "-m", "helios.cli.main", "serve", "--port", str(port), *serve_args],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     lines: list[str] = []  # drained as they come: a full pipe would stall the server
-    reader = threading.Thread(target=lambda: lines.extend(line.decode(errors="replace") for line in process.stderr),
-                              daemon=True)
+    arrivals: list[float] = []  # seconds after the launch each line was read
+
+    def drain() -> None:
+        for line in process.stderr:
+            arrivals.append(time.monotonic() - started)
+            lines.append(line.decode(errors="replace"))
+
+    reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     try:
         while True:
@@ -77,11 +83,14 @@ def _ready_seconds(tree: str, serve_args: list[str], timeout_s: float, trace: bo
                     if response.status == 200:
                         seconds = time.monotonic() - started
                         steps = []
-                        for line in list(lines):
+                        for arrived, line in zip(list(arrivals), list(lines)):
                             if line.startswith(TRACE):
                                 epoch, _, pid, step = line[len(TRACE):].split(maxsplit=3)
-                                steps.append(f"{float(epoch) - launched:6.2f} s  {pid:>7}  {step.strip()}")
-                        return seconds, steps + [f"{seconds:6.2f} s  {'':>7}  first /health 200"]
+                                steps.append((float(epoch) - launched, f"{pid:>7}  {step.strip()}"))
+                            elif line.strip():  # the start's own progress and log lines, as they were read
+                                steps.append((arrived, f"{'stderr':>7}  {line.strip()[:160]}"))
+                        steps.append((seconds, f"{'':>7}  first /health 200"))
+                        return seconds, [f"{at:6.2f} s  {text}" for at, text in sorted(steps, key=lambda s: s[0])]
             except OSError:
                 pass
             time.sleep(POLL_S)
