@@ -15,18 +15,19 @@ first byte, `dead_ends.first_token_limit`) must stay out of llguidance's limits,
 meets a dead end the check searches other tokens for an output that completes (`dead_ends`: it
 refuses a grammar only when every output it explored, all there are, dead-ends; within a bound of
 masks per check, past which it passes the grammar); and the request's own matcher must compute its
-first mask. For a JSON schema, the regexes llguidance compiles (`schema_patterns`) are checked the
-same way each on its own, so a pattern no walk reaches is checked too, but at most `PATTERN_PROBES`
-distinct ones per check (a request's answer grammar, or all of its tools' parameter schemas
-together); the rest, like a limit met deeper in the output, are left to the runtime backstop: the
-matcher enters its error state and the runtime ends that request with finish_reason ``grammar_limit``
-and the output its grammar took (an error naming the limit where it took none;
-`helios.runtime.feedback`), never as a "stop". Schema shapes llguidance compiles in
-unbounded time, which no limit stops, are refused before it sees them (`shape_error`, bounds in
-`grammar_shapes`: patternProperties per object, patterns on one string, alternatives holding a $ref
-in one anyOf/oneOf, the multipleOf values' least common multiple). One verdict per check (the
-grammars and their patterns together) is cached (`VERDICT_CACHE` entries), so a repeated request is
-one cache hit.
+first mask. A recursive JSON schema compiled with whitespace between tokens is probed compact too:
+whitespace hid a schema whose every output is endless (`compact_request`). For a JSON schema, the
+regexes llguidance compiles (`schema_patterns`) are checked the same way each on its own, so a
+pattern no walk reaches is checked too, but at most `PATTERN_PROBES` distinct ones per check (a
+request's answer grammar, or all of its tools' parameter schemas together); the rest, like a limit
+met deeper in the output, are left to the runtime backstop: the matcher enters its error state and
+the runtime ends that request with finish_reason ``grammar_limit`` and the output its grammar took
+(an error naming the limit where it took none; `helios.runtime.feedback`), never as a "stop".
+Schema shapes llguidance compiles in unbounded time, which no limit stops, are refused before it
+sees them (`shape_error`, bounds in `grammar_shapes`: patternProperties per object, patterns on one
+string, alternatives holding a $ref in one anyOf/oneOf, the multipleOf values' least common
+multiple). One verdict per check (the grammars and their patterns together) is cached
+(`VERDICT_CACHE` entries), so a repeated request is one cache hit.
 
 Mask layout (what `helios::apply_grammar_mask` consumes): int32 [ceil(V / 32)] per row, bit j of
 word w allows token 32 * w + j, where V is the sampled vocabulary size.
@@ -74,7 +75,7 @@ from helios.frontend.preparation.prompt import ReasoningState
 from helios.frontend.structured.dead_ends import (REFUSED_TOKEN, BranchVocabulary, SearchBudget, first_token_limit,
                                                   is_dead_end, is_endless, walk)
 from helios.frontend.structured.grammar_lark_depth import lark_shape_error
-from helios.frontend.structured.grammar_options import lark_option_error, option_error
+from helios.frontend.structured.grammar_options import OPTIONS_KEY, lark_option_error, option_error
 from helios.frontend.structured.grammar_shapes import SUBSCHEMA_KEYS, SUBSCHEMA_MAPS, schema_shape_error
 
 MASK_WORD_BITS = 32
@@ -398,6 +399,8 @@ class GrammarCompiler:
     def _first_failure_within(self, requests: tuple[GrammarRequest, ...]) -> tuple[int, str] | None:
         for index, request in enumerate(requests):
             verdict = self._probe(request)
+            if not verdict.message and self._may_hide_endless(request):
+                verdict = self._probe(compact_request(request))
             if verdict.message:
                 return index, verdict.message
         # A pattern alone is probed for llguidance's limits only: its subschema may be a branch the
@@ -418,6 +421,23 @@ class GrammarCompiler:
                 if verdict.message and not verdict.dead_end:
                     return index, verdict.message
         return None
+
+    def _may_hide_endless(self, request: GrammarRequest) -> bool:
+        """Whether the JSON schema `request` holds a ``$ref`` and is compiled with whitespace between
+        its tokens (its own ``whitespace_flexible``, or the server's `json_defaults`). Whitespace lets
+        a grammar that forces endless text (a required property whose schema requires itself again,
+        through a ``$ref``: only refs make a schema recursive) pass the probe: no text is forced, yet
+        no output ever completes. The check then probes its compact spelling too (`compact_request`),
+        which has the same outputs but for their spaces."""
+        if request.kind is not GrammarKind.JSON_SCHEMA or '"$ref"' not in request.source:
+            return False
+        if self._json_defaults != COMPACT_JSON:
+            return True
+        try:
+            options = json.loads(request.source).get(OPTIONS_KEY)
+        except (ValueError, AttributeError):
+            return False
+        return isinstance(options, Mapping) and options.get("whitespace_flexible") is True
 
     def _probe(self, request: GrammarRequest) -> ProbeVerdict:
         """The check's verdict on one grammar (its message "" when it passes). After the first mask
@@ -530,6 +550,17 @@ def shape_error(request: GrammarRequest) -> str:
     if request.kind is GrammarKind.LARK:
         return lark_shape_error(request.source)
     return schema_shape_error(request.source) if request.kind is GrammarKind.JSON_SCHEMA else ""
+
+
+def compact_request(request: GrammarRequest) -> GrammarRequest:
+    """The JSON-schema `request` without whitespace between tokens, whatever its own options and the
+    server's defaults say (a server-side spelling: a client may not set ``whitespace_pattern``)."""
+    schema = json.loads(request.source)
+    if not isinstance(schema, dict):
+        return request
+    own = schema.get(OPTIONS_KEY)
+    options = {**(own if isinstance(own, Mapping) else {}), "whitespace_flexible": False, "whitespace_pattern": None}
+    return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({**schema, OPTIONS_KEY: options}))
 
 
 def string_pattern_request(pattern: str) -> GrammarRequest:

@@ -12,7 +12,8 @@ Measured on a 2-core machine, llguidance 1.9: cheap whatever their size within t
 bound, hence unbounded here, are long enums, ``minLength``/``maxLength``/``minItems``/``maxItems``
 of any size, number bounds, ref chains within `MAX_REF_DEPTH` and ``allOf`` of many objects. Number
 bounds and ``multipleOf`` values llguidance reads inexactly are refused here too (`number_error`), as
-are number ranges it writes wrongly (`grammar_bounds`).
+are number ranges it writes wrongly (`grammar_bounds`), and a ``minProperties`` that only undeclared
+keys, which llguidance may repeat, could meet (`distinct_keys_error`).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def schema_shape_error(source: str) -> str:
         if multiple > MAX_MULTIPLE_OF:
             return (f"multipleOf values whose least common multiple is {_short_number(multiple)} (each scaled to an "
                     f"integer past its decimals): at most {MAX_MULTIPLE_OF} can be compiled in bounded time")
-        number = number_error(node, path)
+        number = number_error(node, path) or distinct_keys_error(node, path)
         if number:
             return number
         count = joint.count(node)
@@ -140,6 +141,29 @@ def number_error(node: dict, path: str = "") -> str:
                 "when scaled by a power of ten in 64-bit floating point to be enforced (a decimal with fewer "
                 "places, such as 0.5 or 1e-6, does)")
     return ""
+
+
+def distinct_keys_error(node: dict, path: str = "") -> str:
+    """Why the ``minProperties`` of the object schema ``node`` (at JSON pointer ``path``) cannot be
+    enforced (its error for a client), or "". llguidance writes each declared property at most once
+    but keeps no set of the undeclared keys it wrote (``additionalProperties``, ``patternProperties``),
+    so it may write one twice (``{"k": 1, "k": 2}``) and count it twice toward ``minProperties``;
+    a JSON parser reads one key (the last value: the tool-call parsers, Python, JavaScript), and some
+    refuse the text. Undeclared keys are distinct only where at most one is needed, so a minimum
+    above the required declared properties plus one is refused rather than left unenforced."""
+    least = node.get("minProperties")
+    extra = node.get("patternProperties")
+    if not _is_number(least) or node.get("additionalProperties", True) is False and not extra:
+        return ""
+    declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    required = node.get("required") if isinstance(node.get("required"), list) else []
+    needed = least - len({key for key in required if isinstance(key, str) and key in declared})
+    if needed < 2:
+        return ""
+    where = f" at {path}" if path else ""
+    return (f"minProperties {_short_bound(least)}{where}: an object that takes undeclared keys may be written with "
+            "one of them twice, which JSON parsers read as one key, so it can count at most one undeclared key "
+            "toward minProperties; declare the properties it needs (and require them) or lower minProperties")
 
 
 def _integers_in(value: Any) -> Iterator[int]:

@@ -22,7 +22,10 @@ A tool whose parameters schema would constrain the output must compile on its ow
 (`ToolSchema.parameters_request`, checked by `GrammarCompiler.first_failure` before the grammar is built): an
 object schema (OpenAI's rule for ``parameters``), known types, patterns that compile and stay within
 llguidance's limits; unsupported keywords are still ignored (llguidance ``lenient``). Failures are
-`GrammarError`s (HTTP 400) naming the tool. Every keyword llguidance implements is enforced, whether
+`GrammarError`s (HTTP 400) naming the tool; so is a top-level ``anyOf``/``oneOf``/``allOf``, which
+a tag syntax writing one parameter at a time cannot hold (`ToolSchema.unheld_combinator`). JSON
+values take the tool's own ``x-guidance`` options (``whitespace_flexible``) over the server's, as in
+JSON-call syntaxes (`CallGrammar._values_of`). Every keyword llguidance implements is enforced, whether
 or not the tool says ``strict``: in JSON values by llguidance, in raw string values ``minLength``,
 ``maxLength`` and ``pattern`` by `grammar_values` (its docstring gives the few limits, each a 400
 naming the parameter, and ``format``, which raw text does not get).
@@ -146,6 +149,18 @@ class ToolSchema:
                     f"{self.param}.properties.{key}"
         return None
 
+    def unheld_combinator(self) -> str:
+        """The first ``anyOf``, ``oneOf`` or ``allOf`` at the top level of the parameters schema (or
+        of its top ``$ref``'s target), which a tag syntax cannot hold ("" when there is none): it
+        writes each declared property on its own, so such a keyword was dropped and a forced call
+        wrote arguments it refuses (``{}`` for ``anyOf`` of objects that each require a key). A JSON
+        call or harmony grammar writes the arguments as one JSON value under the whole schema."""
+        for node in (self.parameters, self.document.deref(self.parameters)):
+            for key in ("anyOf", "oneOf", "allOf"):
+                if isinstance(node, Mapping) and isinstance(node.get(key), list) and node[key]:
+                    return key
+        return ""
+
     def _required(self) -> tuple[str, ...]:
         """The ``required`` names, in order."""
         root = self.document.deref(self.parameters)
@@ -176,8 +191,9 @@ class CallGrammar:
         self._rules = rules
         self._g = grammar
         self._spell = speller
-        style = ValueStyle(grammar.value_format, grammar.value_wrap, grammar.string_flag)
-        self._values = ValueGrammar(rules, style, speller(grammar.value_close), json_options)
+        self._style = ValueStyle(grammar.value_format, grammar.value_wrap, grammar.string_flag)
+        self._json_options = dict(json_options)
+        self._values: dict[tuple, ValueGrammar] = {}  # by the JSON options of a tool's values
         self.ws = rules.terminal("ws", WHITESPACE)
 
     def opener(self) -> Spelling:
@@ -203,24 +219,45 @@ class CallGrammar:
         return self._rules.rule(f"call_{_slug(tool.name)}", " ".join(parts))
 
     def _parameters(self, tool: ToolSchema) -> list[str]:
+        combinator = tool.unheld_combinator()
+        if combinator:
+            raise GrammarError(f"tool {tool.name!r} parameters: a top-level {combinator} cannot be held by this "
+                               "model's tool-call syntax, which writes each declared parameter on its own; "
+                               "declare the parameters in properties (and required) instead",
+                               "tools" if tool.index is None else tool.param)
         unwritable = tool.unwritable_required()
         if unwritable is not None:
             key, why, where = unwritable
             raise GrammarError(f"tool {tool.name!r} parameter {key!r} is required but cannot be written: {why}",
                                "tools" if tool.index is None else where)
         out = []
+        values = self._values_of(tool)
         for key, schema, required in tool.properties():
             try:
-                rule = self._parameter(key, schema, tool.document)
+                rule = self._parameter(values, key, schema, tool.document)
             except GrammarError as error:
                 where = "tools" if tool.index is None else f"{tool.param}.properties.{key}"
                 raise GrammarError(f"tool {tool.name!r} parameter {key!r}: {error}", where) from None
             out.append(rule if required else f"({rule})?")
         return out
 
-    def _parameter(self, key: str, schema: Any, document: SchemaDocument) -> str:
+    def _values_of(self, tool: ToolSchema) -> ValueGrammar:
+        """The value grammar of `tool`'s parameters: their JSON values take the options its
+        ``x-guidance`` may set (`grammar_options`, such as ``whitespace_flexible``) over the server's
+        defaults, as a JSON-call syntax's arguments do (`grammar_json_calls.arguments_schema`);
+        `ValueGrammar` keeps ``lenient`` on. Each JSON value is read by the parsers with JSON's own
+        whitespace rules (`parsers.values.parse_json` of the stripped text), and JSON whitespace never
+        spells a closer (every closer holds a non-space character), so flexible whitespace keeps
+        every value one the parser reads back."""
+        options = {**self._json_options, **client_options(tool.parameters)}
+        key = tuple(sorted(options.items()))
+        if key not in self._values:
+            self._values[key] = ValueGrammar(self._rules, self._style, self._spell(self._g.value_close), options)
+        return self._values[key]
+
+    def _parameter(self, values: ValueGrammar, key: str, schema: Any, document: SchemaDocument) -> str:
         g, spell = self._g, self._spell
-        value = self._values.value(schema, document)
+        value = values.value(schema, document)
         form = g.key_open
         pieces = [spell(form.prefix), text_spelling(key), spell(form.terminators[0])]
         if g.string_flag is not None:

@@ -70,7 +70,6 @@ from helios.frontend.structured.grammar_lark import (
     Spelling,
     avoiding,
     free_text,
-    json_literal,
     lark_of,
     not_containing,
     regex_escape,
@@ -330,14 +329,30 @@ class ValueGrammar:
             if not allowed:  # the value would be left free: none of the schema's values can be written
                 raise GrammarError(f"each of its enum/const values holds the value closer "
                                    f"{spelled_closer(self._closer)!r}, so none can be written as this value")
-            choices = " | ".join(json_literal(text) for text in allowed)
-            return self._rules.rule("enum", f"{self._wrap()}({choices}) {self._wrap()}{closer}")
+            return self._literals(allowed)
         if text.bounds != StringBounds():
             return self._bounded(text.bounds, nullable)
         if escaped:
             text = free_text(self._rules, escaped=True)
             return self._rules.rule("string", f"{text}? {closer}")
         return text_then(self._rules, [self._closer])[0]
+
+    def _literals(self, texts: list[str]) -> str:
+        """A raw string value that is one of `texts` (none holds the closer), then the closer: one
+        lexeme of the wrap, the value, the wrap and the closer's leading text. As parser alternatives
+        (one Lark literal each) a forced call of an enum of more than about 2000 values compiled and
+        passed the check, then met llguidance's items-per-row limit at the value, in every output."""
+        wrap = regex_escape(self._style.wrap)
+        optional = f"(?:{wrap})?" if wrap else ""
+        head = self._closer[0] if self._closer and not self._closer[0].is_token else None
+        stop, rest = (regex_escape(head.text), self._closer[1:]) if head else ("", self._closer)
+        spelled = [regex_escape(text) for text in texts if text]
+        empty = "?" if len(spelled) < len(texts) else ""  # the empty string is one of them
+        if stop or wrap:
+            value = self._rules.terminal("enum", f"/{optional}(?:{'|'.join(spelled)}){empty}{optional}{stop}/")
+        else:  # before a closer token a lexeme must not match the empty text: an empty value is no lexeme
+            value = f"{self._rules.terminal('enum', '/(?:' + '|'.join(spelled) + ')/')}{empty}" if spelled else ""
+        return self._rules.rule("enum", " ".join(filter(None, (value, lark_of(rest)))))
 
     def _bounded(self, bounds: StringBounds, nullable: bool = False) -> str:
         """A raw string value held to `bounds`, then the closer. The value never holds the closer's
