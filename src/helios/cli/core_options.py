@@ -25,6 +25,7 @@ import contextlib
 import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Mapping
 
@@ -202,6 +203,20 @@ def check_output_path(option: str, output: os.PathLike | str, inputs: Mapping[st
                 if path is not None and _same_file(output, Path(path)):
                     raise UsageError(f"{option} {output} is the {name}; writing there would replace it")
     return output
+
+
+def check_room_beside(option: str, output: os.PathLike | str) -> None:
+    """Refuses, before any work, an output whose directory takes no new file (read-only, a /proc, or
+    a name that fits where the temporary file written beside it does not): a file is written as
+    ``.NAME.XXXXXXXX.tmp`` beside `output` and renamed into place, so one is created and removed here
+    (`helios prepare` otherwise learned it after reading the whole checkpoint)."""
+    output = Path(output)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    except OSError as error:
+        raise UsageError(f"{option} {output}: cannot create a file beside it ({error.strerror or error})") from None
+    os.close(fd)
+    os.unlink(name)
 
 
 @contextlib.contextmanager

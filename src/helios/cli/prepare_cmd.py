@@ -8,7 +8,7 @@ import time
 import unicodedata
 from pathlib import Path
 
-from helios.cli.core_options import check_output_path, load_private_key, naming_output
+from helios.cli.core_options import check_output_path, check_room_beside, load_private_key, naming_output
 from helios.cli.termination import terminate_as_exception
 from helios.core.keys import check_namespace
 from helios.errors import UsageError
@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         if source is not None and _is_input_file(output, source):
             raise UsageError(f"-o {output} would replace a file of the checkpoint {source}")
     check_output_path("-o", output, {"--key file": args.key, "public key of --key": f"{args.key}.pub"})
+    check_room_beside("-o", output)
     key = load_private_key(args.key)
     plan = CapacityPlan(
         page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=args.prefill_tokens,

@@ -8,13 +8,21 @@ parent runs hashing threads, and a fork would copy their locks), trace with one 
 each, and hold no weights: a capture needs only the architecture, the capacity and the options.
 With one worker, or when the jobs cannot be sent to a process, or when the pool breaks (a worker
 killed), the remaining programs are captured here, one after another.
+
+Ctrl-C reaches every process of the terminal's foreground group: the workers are started with SIGINT
+blocked (they print no traceback of their own; a blocked signal mask survives the spawn's exec) and
+this process, the one that answers it, ends them when anything stops the capture here (Ctrl-C,
+SIGTERM's `Terminated`, a capture error), instead of waiting for the captures they are running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
+import signal
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -65,8 +73,14 @@ def capture_all(arch: Architecture, jobs: list[CaptureJob], page_tokens: int, wo
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context,
                                      initializer=_init_worker) as pool:
-                for program in pool.map(_capture, [(arch, job, page_tokens) for job in jobs]):
-                    accept(program)
+                try:
+                    with _interrupts_held():  # map submits every job, which spawns the workers
+                        programs = pool.map(_capture, [(arch, job, page_tokens) for job in jobs])
+                    for program in programs:
+                        accept(program)
+                except BaseException:
+                    _stop_workers(pool)
+                    raise
             return done
         except BrokenProcessPool:
             pass  # a worker died (killed, out of memory): capture what is left here
@@ -81,6 +95,28 @@ def _picklable(arch: Architecture, jobs: list[CaptureJob]) -> bool:
     except (pickle.PicklingError, TypeError, AttributeError):
         return False
     return True
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """SIGINT blocked in this thread inside (a Ctrl-C meanwhile is delivered after): the worker
+    processes started inside inherit the blocked mask, so the terminal's Ctrl-C is this process's alone."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancels the jobs not started and ends the workers running the others (a large model's capture
+    runs for minutes; the executor would wait for it). The executor has no public way to end them."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)  # the executor sees its workers gone and stops
 
 
 def _init_worker() -> None:

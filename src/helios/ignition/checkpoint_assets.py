@@ -20,8 +20,8 @@ from helios.ignition.frontend.families import select_family
 from helios.ignition.frontend.probes import message_boundary, prefix_rules, reasoning_facts, tool_call_text
 from helios.ignition.frontend.render import ProbeTemplate
 from helios.ignition.frontend.tokenizer_files import (
-    chat_template, declared_added_tokens, eos_token_ids, missing_tokenizer_json, read_json, special_tokens,
-    template_tokens)
+    chat_template, check_encodes, declared_added_tokens, eos_token_ids, missing_tokenizer_json, parsed_tokenizer,
+    read_json, served_tokenizer, special_tokens, template_tokens)
 from helios.ignition.preparation.contract import FrontendDeclaration
 
 # Keys of `--frontend KEY=VALUE`: what a publisher may state instead of what the probes derive.
@@ -56,11 +56,7 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
     path = directory / "tokenizer.json"
     if not path.is_file():
         raise CheckpointError(missing_tokenizer_json(directory))
-    tokenizer_json = path.read_bytes()
-    try:
-        tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
-    except Exception as error:  # tokenizers raises a bare Exception for a malformed file
-        raise CheckpointError(f"cannot read {path}: {error}") from None
+    tokenizer_json, tokenizer = served_tokenizer(*_read_tokenizer(path), path)
     # Plain text can encode to any token of the tokenizer's model; one past the embedding would fail on
     # the device. (Added tokens past it may be input-only ids a layout replaces; they are kept.)
     if tokenizer.get_vocab_size(with_added_tokens=False) > vocab_size:
@@ -74,6 +70,7 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
                               f"{vocab_size}: it has no embedding")
     config = read_json(directory / "tokenizer_config.json")
     tokenizer_json, tokenizer = declared_added_tokens(tokenizer_json, tokenizer, config)
+    check_encodes(tokenizer, path, vocab_size)
     template = chat_template(directory, config)
     named = special_tokens(directory, config)
     tokens = template_tokens(tokenizer, named, vocab_size)
@@ -81,6 +78,15 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
     digest = hashlib.sha256(tokenizer_json + template.encode("utf-8")).hexdigest()
     frontend = _frontend(template, tokenizer, read_json(directory / "config.json"), stated, tokens)
     return CheckpointAssets(tokenizer_json, template, eos, tokens, frontend, digest)
+
+
+def _read_tokenizer(path: Path) -> tuple[bytes, Tokenizer]:
+    tokenizer_json = path.read_bytes()
+    try:
+        text = tokenizer_json.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"cannot read {path}: {error}") from None
+    return tokenizer_json, parsed_tokenizer(text, f"cannot read {path}")
 
 
 def _frontend(template: str, tokenizer: Tokenizer, config: dict, stated: Mapping[str, str],

@@ -173,7 +173,7 @@ def prepare_core(
 ) -> WrittenCore:
     """Writes the signed core for `checkpoint` to `output`; returns what was written."""
     checkpoint = Path(checkpoint)
-    recipe = load_checkpoint(checkpoint, options.dtype, options.capacities.context_tokens)
+    recipe = load_checkpoint(checkpoint, options.dtype, options.capacities.context_tokens, progress)
     engram = read_engram(checkpoint, recipe.architecture.hidden_size, recipe.architecture.dtype)
     if engram is not None:  # its projection is a weight of every program (every rank holds it whole)
         proj = engram.proj if recipe.inputs_embeds_scale == 1.0 else engram.proj * recipe.inputs_embeds_scale

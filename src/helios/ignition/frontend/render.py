@@ -46,8 +46,10 @@ class ProbeTemplate:
         env.globals["strftime_now"] = lambda format: PROBE_DATE.strftime(format)
         try:
             self._template = env.from_string(source)
-        except jinja2.TemplateError as error:
-            raise CheckpointError(f"the chat template does not compile: {error}") from None
+        # Jinja's parser and code generator recurse per nested expression or block, and Python's compiler
+        # refuses the code of 100 nested loops: a RecursionError or SyntaxError, not a TemplateError.
+        except (jinja2.TemplateError, RecursionError, SyntaxError) as error:
+            raise CheckpointError(f"the chat template does not compile: {type(error).__name__}: {error}") from None
         self._tokens = dict(template_tokens)
 
     def render(self, messages: list[dict], *, tools: list[dict] | None = None,

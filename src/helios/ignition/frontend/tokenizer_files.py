@@ -14,6 +14,12 @@
 - `eos_token_ids`: ``generation_config.json``'s ``eos_token_id`` (``config.json``'s where the
   generation config gives none, as transformers' ``GenerationConfig`` falls back) plus the
   tokenizer's ``eos_token``.
+- `parsed_tokenizer` / `served_tokenizer`: tokenizer.json as transformers encodes with it: the
+  ``padding`` and ``truncation`` it may hold are dropped (a call to a transformers tokenizer pads and
+  truncates only when asked; the served tokenizer would have cut or padded every prompt), and it
+  must encode text of several scripts into ids inside the vocabulary (a WordPiece or Unigram model
+  without its unknown token fails on the first character it lacks; a post-processor may add ids
+  past the embedding).
 
 A value of the wrong shape stops prepare with a `CheckpointError` naming the file and key.
 """
@@ -40,6 +46,54 @@ _TRAILING_NEWLINE = re.compile(r"(\r\n|\r|\n)\Z")
 # `{%+` keeps the whitespace ahead of a tag (no lstrip_blocks); the newline after each tag is the one
 # trim_blocks removes, so each template starts at a line start, as it does alone.
 _TOOLS_SWITCH = ("{%+ if tools is defined and tools is not none %}\n", "{%+ else %}\n", "{%+ endif %}")
+
+
+# Text of several scripts, digits, punctuation, an emoji and white space: what served prompts hold.
+SAMPLE_TEXT = "Hello, world! 0123 \u00fcn\u00efc\u00f6d\u00e9 \u6f22\u5b57 \u0645\u0631\u062d\u0628\u0627 \U0001f642\n\t"
+
+
+def parsed_tokenizer(text: str, what: str) -> Tokenizer:
+    """The tokenizer `text` describes; a `CheckpointError` starting with `what` where tokenizers refuses
+    it, with its bare Exception or with a Rust panic (a corrupt normalizer's charsmap), which pyo3
+    raises as a BaseException that no ``except Exception`` catches."""
+    try:
+        return Tokenizer.from_str(text)
+    except BaseException as error:
+        if not _is_tokenizers_error(error):
+            raise
+        raise CheckpointError(f"{what}: {error}") from None
+
+
+def _is_tokenizers_error(error: BaseException) -> bool:
+    """tokenizers' bare Exception, or a Rust panic, raised as pyo3's PanicException (a BaseException);
+    not Ctrl-C or SIGTERM's `Terminated`."""
+    return isinstance(error, Exception) or type(error).__name__ == "PanicException"
+
+
+def served_tokenizer(tokenizer_json: bytes, tokenizer: Tokenizer, path: Path) -> tuple[bytes, Tokenizer]:
+    """tokenizer.json without its ``padding`` and ``truncation`` settings (see the module docstring);
+    the files unchanged when it has neither."""
+    if tokenizer.padding is None and tokenizer.truncation is None:
+        return tokenizer_json, tokenizer
+    data = json.loads(tokenizer_json)  # tokenizers has just read it
+    data["padding"] = data["truncation"] = None
+    text = json.dumps(data, ensure_ascii=False)
+    return text.encode("utf-8"), parsed_tokenizer(text, f"cannot read {path}")
+
+
+def check_encodes(tokenizer: Tokenizer, path: Path, vocab_size: int) -> None:
+    """`SAMPLE_TEXT` encodes, special tokens added as a completion prompt adds them, into ids the
+    embedding holds; else a `CheckpointError` naming `path`."""
+    try:
+        ids = tokenizer.encode(SAMPLE_TEXT, add_special_tokens=True).ids
+    except BaseException as error:
+        if not _is_tokenizers_error(error):
+            raise
+        raise CheckpointError(f"{path} cannot encode text such as {SAMPLE_TEXT!r}: {error}") from None
+    past = [token_id for token_id in ids if token_id >= vocab_size]
+    if past:
+        raise CheckpointError(f"{path} encodes text such as {SAMPLE_TEXT!r} to the id {past[0]}, past the model's "
+                              f"vocab_size {vocab_size}: it has no embedding")
 
 
 def read_json(path: Path) -> dict:
@@ -238,7 +292,5 @@ def declared_added_tokens(tokenizer_json: bytes, tokenizer: Tokenizer,
         return tokenizer_json, tokenizer
     data["added_tokens"] = [added[token_id] for token_id in sorted(added)]
     text = json.dumps(data, ensure_ascii=False)
-    try:
-        return text.encode("utf-8"), Tokenizer.from_str(text)
-    except Exception as error:  # tokenizers raises a bare Exception for a file it cannot build
-        raise CheckpointError(f"{TOKENIZER_CONFIG}: added_tokens_decoder does not fit tokenizer.json: {error}") from None
+    fitted = parsed_tokenizer(text, f"{TOKENIZER_CONFIG}: added_tokens_decoder does not fit tokenizer.json")
+    return text.encode("utf-8"), fitted

@@ -155,10 +155,12 @@ _CONTEXT_DEPENDENT = frozenset(phi3.ARCHITECTURES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 
 
-def load_checkpoint(path: str | Path, dtype: str | None = None, context_tokens: int | None = None) -> Recipe:
+def load_checkpoint(path: str | Path, dtype: str | None = None, context_tokens: int | None = None,
+                    progress: Callable[[str], None] | None = None) -> Recipe:
     """Prepare the checkpoint at `path`; `dtype` ("float32", "bfloat16", "float16") overrides its own;
     `context_tokens` is the served context (prompt + output per request) where a recipe's weights
-    depend on it (None: the recipe's choice for an unknown context, see `phi3`)."""
+    depend on it (None: the recipe's choice for an unknown context, see `phi3`); `progress` gets a
+    line at each tenth of the weights read (`CheckpointTensors`)."""
     directory = Path(path)
     if directory.is_dir():  # read_config names what else it is
         check_links(directory)
@@ -171,7 +173,7 @@ def load_checkpoint(path: str | Path, dtype: str | None = None, context_tokens: 
             f"unsupported architecture {declared or config.get('model_type')!r}; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    tensors = CheckpointTensors.open(directory)
+    tensors = CheckpointTensors.open(directory, progress)
     _check_layer_count(config, len(tensors.names))
     config = with_reference_defaults(source, config)  # what the reference reads for missing keys
     try:  # Block-fp8 weights (quantization_config) are dequantized as the recipe reads them.

@@ -26,7 +26,8 @@ import torch
 
 from helios.ignition.architecture import Architecture, LatentAttention
 from helios.ignition.recipes import llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused, hybrid_layer_kinds
+from helios.ignition.recipes.base import (NamedWeight, Recipe, UnsupportedCheckpoint, conv_weight, fused,
+                                         hybrid_layer_kinds)
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.deepseek import _HeadRows, check_key_heads
 from helios.ignition.recipes.kimi_linear import LAYER_KINDS, LATENT_NORM_EPS, mixture
@@ -134,7 +135,8 @@ def prepared_weights(arch: Architecture, config: Mapping[str, Any], tensors: Che
             p = dst + "kda."
             weights += [
                 NamedWeight(p + "in_proj.weight", fused(take, [attn + f"{name}_proj.weight" for name in "qkvb"])),
-                NamedWeight(p + "conv.weight", fused(take, [attn + f"{name}_conv1d.weight" for name in "qkv"]).reshape(
+                NamedWeight(p + "conv.weight", conv_weight(
+                    fused(take, [attn + f"{name}_conv1d.weight" for name in "qkv"]), attn + "{q,k,v}_conv1d.weight",
                     g.conv_dim, g.conv_kernel)),
                 NamedWeight(p + "conv.bias", torch.zeros(g.conv_dim, dtype=arch.torch_dtype)),
                 NamedWeight(p + "f.weight", take(attn + "f_proj.weight")),

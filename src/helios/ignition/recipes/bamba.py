@@ -17,7 +17,7 @@ import torch
 
 from helios.ignition.architecture import Architecture
 from helios.ignition.recipes import llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, conv_weight, fused
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recurrent_geometry import RecurrentGeometry
 
@@ -153,7 +153,8 @@ def mixer_weights(arch: Architecture, src: str, dst: str, take, tensors, used: s
         g.conv_dim, dtype=arch.torch_dtype)
     used.add(src + "A_log")
     a = -torch.exp(tensors.get(src + "A_log").to(torch.float32))
-    out += [NamedWeight(dst + "conv.weight", take(src + "conv1d.weight").reshape(g.conv_dim, g.conv_kernel)),
+    out += [NamedWeight(dst + "conv.weight", conv_weight(take(src + "conv1d.weight"), src + "conv1d.weight",
+                                                       g.conv_dim, g.conv_kernel)),
             NamedWeight(dst + "conv.bias", conv_bias), NamedWeight(dst + "dt_bias", take(src + "dt_bias")),
             NamedWeight(dst + "A", a), NamedWeight(dst + "D", take(src + "D"))]
     if g.gated_norm:

@@ -66,6 +66,22 @@ def fused(take, names: list[str], *, stack: bool = False) -> torch.Tensor:
     return torch.stack(tensors) if stack else torch.cat(tensors)
 
 
+def shaped(tensor: torch.Tensor, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """`tensor`, the checkpoint's `name`, where it has `shape` (its reference parameter's, which a
+    recipe then reshapes or splits); else a CheckpointError naming it: a reshape alone takes any
+    tensor of as many elements, a transposed one included, and serves its values scrambled."""
+    if tuple(tensor.shape) != tuple(shape):
+        raise CheckpointError(f"tensor {name} is {list(tensor.shape)}, where the reference's parameter is "
+                              f"{list(shape)}")
+    return tensor
+
+
+def conv_weight(tensor: torch.Tensor, name: str, channels: int, kernel: int) -> torch.Tensor:
+    """A depthwise convolution's weight as [channels, kernel], from the [channels, 1, kernel] an
+    nn.Conv1d holds (`shaped`)."""
+    return shaped(tensor, name, (channels, 1, kernel)).reshape(channels, kernel)
+
+
 class UnsupportedCheckpoint(CheckpointError):
     """A checkpoint whose architecture, activation, rope type or tensors no recipe supports."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -29,18 +29,33 @@ INDEX_FILE = "model.safetensors.index.json"
 # Weights are floating point; float8 ones are dequantized by `fp8_blocks`.
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 _FINITE_CHUNK = 1 << 22  # elements summed at once by the finiteness check
+PROGRESS_NBYTES = 1 << 30  # a smaller checkpoint is read in seconds: no progress lines
 
 
 class CheckpointTensors:
     """Name -> tensor access over every *.safetensors file of a directory (read only), except
-    ``engram.safetensors``: an n-gram table beside the model (`helios.ignition.engram`)."""
+    ``engram.safetensors``: an n-gram table beside the model (`helios.ignition.engram`).
 
-    def __init__(self, files_by_name: Mapping[str, Path]):
+    `progress`, where given, gets a line at each tenth of the tensors' bytes read from a checkpoint of
+    `PROGRESS_NBYTES` or more: a large one is read for minutes before anything else is reported."""
+
+    def __init__(self, files_by_name: Mapping[str, Path], progress: Callable[[str], None] | None = None):
         self._files_by_name = dict(files_by_name)
+        self._progress = progress
+        self._total_nbytes = 0 if progress is None else sum(map(_data_nbytes, set(self._files_by_name.values())))
+        self._read_nbytes = 0
+        self._reported_tenths = 0
 
     @classmethod
-    def open(cls, directory: Path) -> "CheckpointTensors":
+    def open(cls, directory: Path, progress: Callable[[str], None] | None = None) -> "CheckpointTensors":
+        """The tensors of `directory`'s *.safetensors files; where a shard index is present, of the
+        shards it names only, as transformers reads them (a Mistral repository holds its weights
+        twice: the shards, and consolidated.safetensors in Mistral's own names)."""
         files = sorted(path for path in directory.glob("*.safetensors") if path.name != SIDE_TABLE)
+        weight_map = _read_index(directory)
+        if weight_map is not None:
+            shards = set(weight_map.values())
+            files = [path for path in files if path.name in shards]
         if not files:
             raise CheckpointError(f"{directory} has no *.safetensors files (other weight formats are not read)")
         files_by_name: dict[str, Path] = {}
@@ -51,9 +66,9 @@ class CheckpointTensors:
                 if name in files_by_name:
                     raise CheckpointError(f"tensor {name} appears in {files_by_name[name].name} and {path.name}")
                 files_by_name[name] = path
-        if (directory / INDEX_FILE).exists() or (directory / INDEX_FILE).is_symlink():
-            _check_index(directory, files_by_name)
-        return cls(files_by_name)
+        if weight_map is not None:
+            _check_index(weight_map, files_by_name)
+        return cls(files_by_name, progress)
 
     @property
     def names(self) -> frozenset[str]:
@@ -81,7 +96,24 @@ class CheckpointTensors:
                                   f"({', '.join(FLOAT_DTYPES)})")
         if not is_finite(tensor):
             raise CheckpointError(f"tensor {name} in {path.name} holds NaN or infinite values")
+        self._count_read(tensor)
         return tensor
+
+    def _count_read(self, tensor: torch.Tensor) -> None:
+        if self._progress is None or self._total_nbytes < PROGRESS_NBYTES:
+            return
+        self._read_nbytes += tensor.numel() * tensor.element_size()
+        tenths = min(10, self._read_nbytes * 10 // self._total_nbytes)  # a tensor read twice counts twice
+        if tenths > self._reported_tenths:
+            self._reported_tenths = tenths
+            self._progress(f"read {10 * tenths}% of the checkpoint's {self._total_nbytes / 1e9:.1f} GB of weights")
+
+
+def _data_nbytes(path: Path) -> int:
+    """The bytes of a safetensors file's tensors: what follows its length prefix and header."""
+    with path.open("rb") as handle:
+        header_nbytes = int.from_bytes(handle.read(8), "little")
+    return max(0, path.stat().st_size - 8 - header_nbytes)
 
 
 def _read(path: Path, name: str | None, action):
@@ -102,10 +134,12 @@ def is_finite(tensor: torch.Tensor) -> bool:
     return True
 
 
-def _check_index(directory: Path, files_by_name: Mapping[str, Path]) -> None:
-    """The shard index agrees with the shards: each names a file of the directory that holds the tensor."""
-    index = read_json(directory / INDEX_FILE)
-    weight_map = index.get("weight_map")
+def _read_index(directory: Path) -> dict[str, str] | None:
+    """The shard index's weight_map (tensor -> shard file name), each shard a file of the directory;
+    None without an index."""
+    if not (directory / INDEX_FILE).exists() and not (directory / INDEX_FILE).is_symlink():
+        return None
+    weight_map = read_json(directory / INDEX_FILE).get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{directory / INDEX_FILE} has no weight_map object")
     for name, shard in weight_map.items():
@@ -114,6 +148,12 @@ def _check_index(directory: Path, files_by_name: Mapping[str, Path]) -> None:
                                   f"inside {directory}")
         if not (directory / shard).is_file():
             raise CheckpointError(f"{INDEX_FILE} places tensor {name} in shard {shard}, which is absent")
+    return weight_map
+
+
+def _check_index(weight_map: Mapping[str, str], files_by_name: Mapping[str, Path]) -> None:
+    """The shard index agrees with the shards: each of its tensors is in the shard it names."""
+    for name, shard in weight_map.items():
         found = files_by_name.get(name)
         if found is None or found.name != shard:
             where = f"is in {found.name}" if found is not None else "is in no shard"

@@ -29,7 +29,7 @@ import torch
 
 from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes import llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
+from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, shaped
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 
 ARCHITECTURES = ("DbrxForCausalLM",)
@@ -103,8 +103,9 @@ def _prepared_weights(arch: Architecture, tensors: CheckpointTensors, inv_freq: 
     for layer in range(arch.num_layers):
         src, dst = f"transformer.blocks.{layer}.", f"layers.{layer}."
         block, mlp = src + "norm_attn_norm.", src + "ffn.experts.mlp."
-        gate, up = (take(mlp + name).reshape(experts, width, hidden) for name in ("w1", "v1"))
-        down = take(mlp + "w2").reshape(experts, width, hidden).transpose(1, 2).contiguous()
+        gate, up, down = (shaped(take(mlp + name), mlp + name, (experts * width, hidden))
+                          .reshape(experts, width, hidden) for name in ("w1", "v1", "w2"))
+        down = down.transpose(1, 2).contiguous()
         weights += [NamedWeight(dst + "input_norm", take(block + "norm_1.weight")),
                     NamedWeight(dst + "qkv.weight", take(block + "attn.Wqkv.weight")),
                     NamedWeight(dst + "o.weight", take(block + "attn.out_proj.weight")),

@@ -26,7 +26,8 @@ import torch
 
 from helios.ignition.architecture import Architecture, LatentAttention, MixtureOfExperts
 from helios.ignition.recipes import bamba
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused, hybrid_layer_kinds
+from helios.ignition.recipes.base import (NamedWeight, Recipe, UnsupportedCheckpoint, conv_weight, fused,
+                                         hybrid_layer_kinds)
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.deepseek import check_key_heads
 from helios.ignition.recipes.llama import placed_recipe
@@ -140,12 +141,13 @@ def prepared_weights(arch: Architecture, tensors: CheckpointTensors):
         if layer in g.layers:
             p = dst + "kda."
             if attn + "conv1d.weight" in tensors:
-                conv = take(attn + "conv1d.weight")
+                conv, conv_name = take(attn + "conv1d.weight"), attn + "conv1d.weight"
             else:
                 conv = fused(take, [attn + f"{name}_conv1d.weight" for name in "qkv"])
+                conv_name = attn + "{q,k,v}_conv1d.weight"
             weights += [
                 NamedWeight(p + "in_proj.weight", fused(take, [attn + f"{name}_proj.weight" for name in "qkvb"])),
-                NamedWeight(p + "conv.weight", conv.reshape(g.conv_dim, g.conv_kernel)),
+                NamedWeight(p + "conv.weight", conv_weight(conv, conv_name, g.conv_dim, g.conv_kernel)),
                 NamedWeight(p + "conv.bias", torch.zeros(g.conv_dim, dtype=arch.torch_dtype)),
                 NamedWeight(p + "f_a.weight", take(attn + "f_a_proj.weight")),
                 NamedWeight(p + "f_b.weight", take(attn + "f_b_proj.weight")),

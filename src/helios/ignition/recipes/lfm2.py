@@ -34,7 +34,8 @@ import torch
 
 from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes import bamba, llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused, hybrid_layer_kinds
+from helios.ignition.recipes.base import (NamedWeight, Recipe, UnsupportedCheckpoint, conv_weight, fused,
+                                         hybrid_layer_kinds)
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.moe import ExpertNames, sparse_weights
 from helios.ignition.recurrent_geometry import ShortConvGeometry
@@ -137,8 +138,8 @@ def prepared_weights(arch: Architecture, config: Mapping[str, Any], tensors: Che
             if g.bias:
                 weights.append(NamedWeight(short + "in_proj.bias", take(conv + "in_proj.bias")))
             conv_bias = take(conv + "conv.bias") if g.bias else torch.zeros(g.conv_dim, dtype=arch.torch_dtype)
-            weights += [NamedWeight(short + "conv.weight",
-                                    take(conv + "conv.weight").reshape(g.conv_dim, g.conv_kernel)),
+            conv_weights = conv_weight(take(conv + "conv.weight"), conv + "conv.weight", g.conv_dim, g.conv_kernel)
+            weights += [NamedWeight(short + "conv.weight", conv_weights),
                         NamedWeight(short + "conv.bias", conv_bias),
                         NamedWeight(short + "out.weight", take(conv + "out_proj.weight"))]
             if g.bias:

@@ -29,7 +29,8 @@ import torch
 
 from helios.ignition.architecture import Architecture
 from helios.ignition.recipes import bamba, llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused, hybrid_layer_kinds
+from helios.ignition.recipes.base import (NamedWeight, Recipe, UnsupportedCheckpoint, conv_weight, fused,
+                                         hybrid_layer_kinds)
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry
 
@@ -112,15 +113,16 @@ def prepared_weights(arch: Architecture, config: Mapping[str, Any], tensors: Che
             attn = src + "linear_attn."
             used.add(attn + "A_log")
             if attn + "conv1d.weight" in tensors:
-                conv = take(attn + "conv1d.weight")
+                conv, conv_name = take(attn + "conv1d.weight"), attn + "conv1d.weight"
             else:
                 conv = fused(take, [attn + f"{name}_conv1d.weight" for name in "qkv"])
+                conv_name = attn + "{q,k,v}_conv1d.weight"
             weights += [
                 NamedWeight(dst + "input_norm", either(src + "attention_layer_norm.weight",
                                                         src + "input_layernorm.weight")),
                 NamedWeight(dst + "delta.in_proj.weight",
                             fused(take, [attn + f"{name}_proj.weight" for name in ("q", "k", "v", "g", "b", "a")])),
-                NamedWeight(dst + "delta.conv.weight", conv.reshape(g.conv_dim, g.conv_kernel)),
+                NamedWeight(dst + "delta.conv.weight", conv_weight(conv, conv_name, g.conv_dim, g.conv_kernel)),
                 NamedWeight(dst + "delta.conv.bias", torch.zeros(g.conv_dim, dtype=arch.torch_dtype)),
                 NamedWeight(dst + "delta.dt_bias", take(attn + "dt_bias")),
                 NamedWeight(dst + "delta.A", -torch.exp(tensors.get(attn + "A_log").to(torch.float32))),

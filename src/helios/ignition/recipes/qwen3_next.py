@@ -36,7 +36,8 @@ import torch
 
 from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes import llama
-from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint, fused, hybrid_layer_kinds
+from helios.ignition.recipes.base import (NamedWeight, Recipe, UnsupportedCheckpoint, conv_weight, fused,
+                                         hybrid_layer_kinds, shaped)
 from helios.ignition.recipes.checkpoint import CheckpointTensors
 from helios.ignition.recipes.moe import ExpertNames, sparse_weights
 from helios.ignition.recurrent_geometry import GatedDeltaNetGeometry
@@ -186,15 +187,20 @@ def _delta_weights(arch: Architecture, src: str, dst: str, take, tensors, used: 
         in_proj = fused(take, [src + f"in_proj_{name}.weight" for name in ("qkv", "z", "b", "a")])
     else:
         per_key = g.num_value_heads // g.num_key_heads
-        qkvz = take(src + "in_proj_qkvz.weight").reshape(g.num_key_heads, -1, arch.hidden_size)
+        rows = g.num_key_heads * 2 * (g.key_head_dim + per_key * g.value_head_dim)
+        qkvz = shaped(take(src + "in_proj_qkvz.weight"), src + "in_proj_qkvz.weight", (rows, arch.hidden_size))
+        qkvz = qkvz.reshape(g.num_key_heads, -1, arch.hidden_size)
         parts = qkvz.split([g.key_head_dim, g.key_head_dim, per_key * g.value_head_dim, per_key * g.value_head_dim],
                            1)
-        ba = take(src + "in_proj_ba.weight").reshape(g.num_key_heads, 2 * per_key, arch.hidden_size).split(per_key, 1)
+        ba = shaped(take(src + "in_proj_ba.weight"), src + "in_proj_ba.weight",
+                    (2 * g.num_value_heads, arch.hidden_size))
+        ba = ba.reshape(g.num_key_heads, 2 * per_key, arch.hidden_size).split(per_key, 1)
         in_proj = torch.cat([part.reshape(-1, arch.hidden_size) for part in (*parts, *ba)]).contiguous()
     used.add(src + "A_log")
     a = -torch.exp(tensors.get(src + "A_log").to(torch.float32))
     return [NamedWeight(dst + "in_proj.weight", in_proj),
-            NamedWeight(dst + "conv.weight", take(src + "conv1d.weight").reshape(g.conv_dim, g.conv_kernel)),
+            NamedWeight(dst + "conv.weight", conv_weight(take(src + "conv1d.weight"), src + "conv1d.weight",
+                                                         g.conv_dim, g.conv_kernel)),
             NamedWeight(dst + "conv.bias", torch.zeros(g.conv_dim, dtype=arch.torch_dtype)),
             NamedWeight(dst + "dt_bias", take(src + "dt_bias")), NamedWeight(dst + "A", a),
             NamedWeight(dst + "norm", take(src + "norm.weight")),
