@@ -201,3 +201,16 @@ def test_choices_share_an_image_prompt_with_the_first_ones_positions(served, cli
     rows = [[t.logprob for t in choice.logprobs.content] for choice in response.choices]
     for row in rows[1:]:
         assert row == pytest.approx(rows[0], abs=1e-6)
+
+
+@pytest.mark.parametrize("prompt, param", [("hello <|image_pad|> world", "prompt"),
+                                           ([9707, IMAGE_TOKEN, 1879], "prompt"),
+                                           (["fine", "<|vision_start|><|image_pad|><|vision_end|>"], "prompt[1]")])
+def test_a_completion_prompt_holding_the_image_placeholder_is_a_400(client, prompt, param):
+    """/v1/completions takes no images: the placeholder's text or id would be a feature slot with
+    no image behind it (it was served, 200)."""
+    with pytest.raises(openai.BadRequestError, match="image placeholder") as caught:
+        client.completions.create(model=SERVED_ID, prompt=prompt, max_tokens=2)
+    assert caught.value.body["param"] == param
+    text = client.completions.create(model=SERVED_ID, prompt="hello <|vision_start|> world", max_tokens=2)
+    assert text.choices[0].finish_reason == "length"

@@ -27,7 +27,8 @@ from helios.runtime.stall_watch import DEFAULT_LIVENESS_TIMEOUT_S
 from helios.server.access import API_KEY_ENV
 from helios.server.defaults import (
     DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEAD_TIMEOUT_S, DEFAULT_MAX_BODY_NBYTES, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_HEAD_NBYTES, DEFAULT_SEND_TIMEOUT_S, DRAIN_SECONDS,
+    DEFAULT_MAX_HEAD_NBYTES, DEFAULT_MAX_IMAGE_NBYTES, DEFAULT_MAX_IMAGES, DEFAULT_SEND_TIMEOUT_S, DRAIN_SECONDS,
+    default_max_body_nbytes,
 )
 from helios.server.engine_spawn import ArgsOrder, spawn_engine_process
 from helios.server.start_trace import mark
@@ -58,8 +59,12 @@ def register(subparsers) -> None:
     parser.add_argument("--context-tokens", type=int, metavar="N", help="largest prompt+output per request (default: the core's)")
     parser.add_argument("--device", default="cpu", metavar="DEVICE", help="torch device of the model: cpu (default), cuda or cuda:N")
     parser.add_argument("--torch-threads", type=int, metavar="N", help="intra-op threads of the model worker (default: torch's)")
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_NBYTES, metavar="BYTES",
-                        help=f"largest request body; larger ones get 413 (default {DEFAULT_MAX_BODY_NBYTES})")
+    parser.add_argument("--max-body-bytes", type=int, metavar="BYTES",
+                        help="largest request body; larger ones get 413 naming this flag (default: "
+                        f"{DEFAULT_MAX_BODY_NBYTES} plus, serving a core file, room for --max-images images of "
+                        "--max-image-bytes each as base64 data: URLs: "
+                        f"{default_max_body_nbytes(DEFAULT_MAX_IMAGES, DEFAULT_MAX_IMAGE_NBYTES)} at the image "
+                        f"defaults; the embedded model takes no images: {DEFAULT_MAX_BODY_NBYTES})")
     parser.add_argument("--send-timeout", type=float, default=DEFAULT_SEND_TIMEOUT_S, metavar="SECONDS",
                         help="seconds a response write may wait for a client that stopped reading before the "
                         f"response is dropped and its admission permit released (default {DEFAULT_SEND_TIMEOUT_S:.0f})")
@@ -88,9 +93,12 @@ def register(subparsers) -> None:
                              "logged at most every 10 s; the open-file limit is raised to fit, or the cap "
                              f"lowered, logged (default {DEFAULT_MAX_CONNECTIONS})")
     images = parser.add_argument_group("images (vision-language cores)")
-    images.add_argument("--max-images", type=int, default=4, metavar="N", help="images per request (default 4)")
-    images.add_argument("--max-image-bytes", type=int, default=2 * 1024 * 1024, metavar="BYTES",
-                        help="encoded bytes per image (default 2 MiB; the request body bound applies too)")
+    images.add_argument("--max-images", type=int, default=DEFAULT_MAX_IMAGES, metavar="N",
+                        help=f"images per request (default {DEFAULT_MAX_IMAGES}; the default --max-body-bytes "
+                        "makes room for them)")
+    images.add_argument("--max-image-bytes", type=int, default=DEFAULT_MAX_IMAGE_NBYTES, metavar="BYTES",
+                        help="encoded bytes per image (default 2 MiB; the default --max-body-bytes makes room for "
+                        "--max-images of them as base64, a --max-body-bytes given applies as it is)")
     images.add_argument("--max-image-pixels", type=int, default=4096 * 4096, metavar="PIXELS",
                         help="decoded pixels per image (default 4096x4096)")
     images.add_argument("--allow-remote-images", action="store_true",
@@ -127,6 +135,15 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def default_body_limit(args: argparse.Namespace) -> int:
+    """The body limit without --max-body-bytes (its help says it): a core file may be a vision
+    core, whose requests carry up to --max-images base64 images of --max-image-bytes beside their
+    text; the embedded model takes no images."""
+    if not serve_order.serves_core_file(args):
+        return DEFAULT_MAX_BODY_NBYTES
+    return min(MAX_COUNT, default_max_body_nbytes(args.max_images, args.max_image_bytes))
+
+
 def _is_core_file(name: str) -> bool:
     """Whether a --served-model-name is a core file's path: named .core, or a file that starts as one."""
     if name.endswith(".core"):
@@ -155,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
             MAX_SECONDS if name in _SECONDS else MAX_COUNT)
         if value is not None and value > limit:
             raise UsageError(f"--{name.replace('_', '-')} must be at most {limit}")
+    if args.max_body_bytes is None:
+        args.max_body_bytes = default_body_limit(args)
     names = tuple(args.served_model_name or ())
     if any(not name.strip() for name in names) or len(set(names)) != len(names):
         raise UsageError("--served-model-name takes distinct, nonempty names")

@@ -49,7 +49,8 @@ from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, T
 from helios.frontend.parsers.pipeline import PlainText
 from helios.frontend.responses.presentation import ResponseHead, ResponseKind, StreamPresenter, response_body
 from helios.frontend.preparation.prompt import Prompt, PromptBuilder
-from helios.frontend.preparation.prompt_images import UnavailableImages, check_image_parts, with_images
+from helios.frontend.preparation.prompt_images import (UnavailableImages, check_completion_prompt, check_image_parts,
+                                                       with_images)
 from helios.frontend.preparation.request_options import (
     ResponseOptions,
     has_structured_output,
@@ -346,6 +347,7 @@ class FrontendModel:
             ids = tuple(prompt)
         if not ids:
             raise PromptError("the prompt is empty")
+        check_completion_prompt(ids, self._images, self._tokenizer.id_to_token)
         return ids
 
     def _logprobs(self, body, is_chat: bool) -> LogprobRequest:

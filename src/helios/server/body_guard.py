@@ -4,7 +4,8 @@
 itself, with an OpenAI-style error body, when the body
 
 - is larger than `max_body_nbytes` (from ``Content-Length`` at once, or while reading a chunked
-  body, never holding more than the limit): 413 `BodyTooLarge`;
+  body, never holding more than the limit): 413 `BodyTooLarge`, naming ``--max-body-bytes`` (a
+  client's images count in the body as base64, and only the operator can make room for more);
 - is not empty and was sent with several Content-Type headers (a singleton field: readers that take
   different ones disagree on what the body is, RFC 9110 8.3; the first was taken): 400 `MalformedBody`;
 - is not empty and was sent with a Content-Type other than JSON (``application/json``,
@@ -18,7 +19,9 @@ itself, with an OpenAI-style error body, when the body
 - is not strict UTF-8 (invalid bytes, UTF-8-encoded surrogates) or starts with a byte-order mark:
   400 `MalformedBody`;
 - is not strict JSON: ``NaN``/``Infinity`` literals, numbers beyond the float range (``1e999``,
-  which Python reads as infinity), integers beyond 4,300 digits, nesting deeper than
+  which Python reads as infinity), a key twice in one object (readers disagree on which one holds:
+  ``"max_tokens"`` or ``"model"`` given twice could read one way in a proxy and another here),
+  integers beyond 4,300 digits, nesting deeper than
   `MAX_JSON_DEPTH`, or any string (key or value) holding a lone surrogate escape such as
   ``"\\ud800"``, which is valid JSON but no Unicode text: 400 `MalformedBody`;
 - has not arrived whole within the body timeout (the server's, from the scope's `BODY_TIMEOUT_KEY`,
@@ -76,6 +79,13 @@ class BodyTooLarge(RequestError):
     """The request body is larger than the server's limit (``--max-body-bytes``)."""
 
     http_status = 413
+
+    def __init__(self, nbytes: int | None, limit: int):
+        """`nbytes`: the body's declared size (None: a chunked body, past `limit` while read)."""
+        size = (f"is {nbytes} bytes; this server accepts at most {limit}" if nbytes is not None
+                else f"is larger than this server's limit of {limit} bytes")
+        super().__init__(f"the request body {size} (the operator sets the limit: helios serve --max-body-bytes; "
+                         "images count in it as base64, 4 characters for every 3 bytes)")
 
 
 class MalformedBody(RequestError):
@@ -237,7 +247,7 @@ class BodyGuard:
         limit = self.max_body_nbytes
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
-                raise BodyTooLarge(f"the request body is {int(value)} bytes; this server accepts at most {limit}")
+                raise BodyTooLarge(int(value), limit)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -246,7 +256,7 @@ class BodyGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise BodyTooLarge(f"the request body is larger than this server's limit of {limit} bytes")
+                raise BodyTooLarge(None, limit)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)

@@ -14,6 +14,13 @@ schemas (tool parameters, response schemas) of at most `MAX_SCHEMA_NBYTES` encod
 `MAX_REGEX_CHARS`. Text length is bounded by the body size (`helios.server.body_guard`) and, before
 tokenizing, by the model's context extent (`helios.frontend.session`). A bounded list is refused by its
 length before any of its items is validated (`_list_of`).
+
+A message's text parts (at most `MAX_TEXT_PARTS`) and an assistant message's tool calls (at most
+`MAX_TOOL_CALLS`) are counted by `validate_chat`, before admission and preparation, rather than as
+``maxItems`` of the document: bounds nested inside `MAX_MESSAGES` messages would let a body the
+document allows outgrow the body limit (1,024 messages of 1,024 parts), which a generator of valid
+bodies would then meet as a 413. Image parts have their own bound (``--max-images``), counted before
+the prompt is rendered (`helios.frontend.preparation.prompt_images`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from helios.server.echo import clipped
 
 MAX_MESSAGES = 1024
 MAX_TOOLS = 128
+MAX_TEXT_PARTS = 1024  # text parts of one message's content (`validate_chat`)
+MAX_TOOL_CALLS = 128  # tool calls of one assistant message, as many as a request may declare tools
 MAX_SCHEMA_NBYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 32
 MAX_GRAMMAR_CHARS = 64 * 1024
@@ -138,7 +147,8 @@ class SystemMessage(_Strict):
 
 class UserMessage(_Strict):
     role: Literal["user"]
-    content: Union[StrictStr, list[UserPart]]
+    content: Union[StrictStr, list[UserPart]] = Field(
+        description=f"A text, or parts: at most {MAX_TEXT_PARTS} text parts and the server's --max-images images")
     name: StrictStr | None = None
 
 
@@ -147,7 +157,7 @@ class AssistantMessage(_Strict):
     content: Union[StrictStr, list[TextPart], None] = None
     reasoning_content: StrictStr | None = None
     reasoning: StrictStr | None = Field(default=None, description="vLLM's newer name for reasoning_content")
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, description=f"At most {MAX_TOOL_CALLS} calls")
     name: StrictStr | None = None
     # Fields of a response message (the openai client's `ChatCompletionMessage.model_dump()`, sent
     # back as history) that say nothing when null, so null is accepted; any other value (a refusal,
@@ -395,6 +405,10 @@ class CompletionRequest(_SamplingFields):
     suffix: _not_served("suffix", "no insertion: the output continues the prompt") = None
 
 
+class TooManyParts(RequestError):
+    """A message of more text parts, or tool calls, than one message may hold; `param` names it."""
+
+
 class ModelNotFound(RequestError):
     """The request names a model this server does not serve (404, as OpenAI answers)."""
 
@@ -424,5 +438,22 @@ def validate_common(body: _SamplingFields, vocab_size: int) -> None:
 
 def validate_chat(body: ChatCompletionRequest, vocab_size: int) -> None:
     """Combined-field rules of a chat body: those of `validate_common` plus output-limit aliases,
-    stops with structured output, and tool choice. Request preparation applies the same rules."""
+    stops with structured output, and tool choice (request preparation applies these too); and each
+    message's count bounds (see the module docstring)."""
     check_chat_options(body, vocab_size)
+    for index, message in enumerate(body.messages):
+        check_message_counts(message, index)
+
+
+def check_message_counts(message: Message, index: int) -> None:
+    """`TooManyParts` for a message (`index` in the body) of more than `MAX_TEXT_PARTS` text parts or
+    `MAX_TOOL_CALLS` tool calls."""
+    content = message.content
+    num_texts = sum(isinstance(part, TextPart) for part in content) if isinstance(content, list) else 0
+    if num_texts > MAX_TEXT_PARTS:
+        raise TooManyParts(f"messages[{index}].content has {num_texts} text parts; a message may have at most "
+                           f"{MAX_TEXT_PARTS} (join texts into fewer parts)", f"messages[{index}].content")
+    num_calls = len(getattr(message, "tool_calls", None) or ())
+    if num_calls > MAX_TOOL_CALLS:
+        raise TooManyParts(f"messages[{index}].tool_calls has {num_calls} calls; an assistant message may have at "
+                           f"most {MAX_TOOL_CALLS}", f"messages[{index}].tool_calls")

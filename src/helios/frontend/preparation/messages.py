@@ -32,6 +32,15 @@ from helios.frontend.preparation.image_parts import template_parts, user_content
 from helios.frontend.preparation.strict_json import NotStrictJSON, strict_loads
 
 MAX_TOOL_NAME_LEN = 64
+# The most characters a request's tools may take as JSON indented by `TOOLS_INDENT` per level, the
+# widest way a family template prints them (Llama 3's ``tool | tojson(indent=4)``). Indentation is
+# no part of the request's size: within the schema bounds (64 KiB, 32 levels a tool) a 4 MiB body of
+# deeply nested schemas prints as a few hundred Mi characters, past the template's render bound
+# (`helios.frontend.preparation.template.SERVING_BOUNDS`, 64 Mi), which would blame the core's
+# template (a 500). A quarter of that bound: room for the conversation, and some 4 M tokens, past
+# any context extent in use.
+MAX_TOOLS_TEXT_CHARS = 1 << 24
+TOOLS_INDENT = 4
 
 
 class MessageError(RequestError):
@@ -39,6 +48,12 @@ class MessageError(RequestError):
     holds it (``messages`` or ``tools``; the message gives the place inside)."""
 
     param = "messages"
+
+
+class ToolsTooLarge(MessageError):
+    """The request's tools print as more JSON text than any prompt can hold (`MAX_TOOLS_TEXT_CHARS`)."""
+
+    param = "tools"
 
 
 class Role(enum.Enum):
@@ -171,7 +186,7 @@ def _parse_tool_calls(value: object, where: str) -> tuple[ToolCall, ...]:
 def _loads(text: str, where: str) -> Any:
     """Strict JSON, as the request body itself must be: no NaN/Infinity, no overflowing numbers."""
     try:
-        return strict_loads(text)
+        return strict_loads(text, unique_keys=False)  # the model's own output may repeat a key
     except NotStrictJSON as error:
         raise MessageError(f"{where}.function.arguments is not strict JSON: {error}") from None
     except (ValueError, RecursionError):
@@ -195,6 +210,7 @@ def parse_tools(raw: object) -> tuple[ToolSpec, ...]:
         return ()
     if not isinstance(raw, list):
         raise MessageError("tools must be an array", "tools")
+    check_tools_text(raw)
     tools = []
     for i, tool in enumerate(raw):
         where = f"tools[{i}]"
@@ -215,6 +231,35 @@ def parse_tools(raw: object) -> tuple[ToolSpec, ...]:
     if len({tool.name for tool in tools}) != len(tools):
         raise MessageError("tools: function names must be unique", "tools")
     return tuple(tools)
+
+
+def check_tools_text(tools: list) -> None:
+    """`ToolsTooLarge` when `tools` print as more than `MAX_TOOLS_TEXT_CHARS` characters of JSON
+    indented by `TOOLS_INDENT` (counted without printing them, and only until past the bound)."""
+    num_chars = indented_json_chars(tools, TOOLS_INDENT, MAX_TOOLS_TEXT_CHARS)
+    if num_chars > MAX_TOOLS_TEXT_CHARS:
+        raise ToolsTooLarge(
+            f"tools: the {len(tools)} tools' definitions print as more than {MAX_TOOLS_TEXT_CHARS} characters of "
+            f"JSON indented as chat templates print them ({TOOLS_INDENT} spaces a level), more than any prompt "
+            "holds; send fewer tools, or smaller and flatter parameter schemas")
+
+
+def indented_json_chars(value: Any, indent: int, limit: int) -> int:
+    """The length of ``json.dumps(value, indent=indent, ensure_ascii=False)`` without printing it:
+    the compact text's, plus each non-empty container's newlines and indentation (a walk over the
+    containers only, which stops once past `limit`)."""
+    num_chars = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    stack = [(value, 0)] if isinstance(value, (dict, list)) else []
+    while stack and num_chars <= limit:
+        item, depth = stack.pop()
+        if not item:  # [] and {} print as they are
+            continue
+        is_object = isinstance(item, dict)
+        # each entry: a newline and its indent (and an object's space after ":"); then the closing line's
+        num_chars += len(item) * (1 + (depth + 1) * indent + is_object) + 1 + depth * indent
+        children = item.values() if is_object else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return num_chars
 
 
 class ToolArguments(dict):

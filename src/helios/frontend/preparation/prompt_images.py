@@ -6,15 +6,23 @@ image parts (400). `check_image_parts` refuses those, and more image parts than 
 before the prompt is rendered: the text bound leaves image parts out, and rendering and tokenizing
 tens of thousands of placeholders of tiny parts would cost seconds. The stable prefix (what later turns
 render identically) moves by the features of the images inside it.
+
+A text completion's prompt (``/v1/completions``) takes no images: its control markers are tokens on
+purpose, so its text or ids could hold the model's image placeholder (``<|image_pad|>``), which would
+reach the model as a feature slot with no image's features behind it. `check_completion_prompt`
+refuses that (400 naming the placeholder). A chat message's text never holds one: client text is
+tokenized as text (`helios.frontend.preparation.control_markers`), only image parts place them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
+from helios.errors import RequestError
 from helios.frontend.images.decode import check_image_count
 from helios.frontend.images.errors import ImageRejected
 from helios.frontend.images.layout import ROTARY_OFFSETS
@@ -46,6 +54,28 @@ def _check_takes_images(pipeline: ImagePipeline | UnavailableImages | None) -> N
         raise ImageRejected("this model takes no images (its core declares no vision contract)")
     if isinstance(pipeline, UnavailableImages):
         raise ImageRejected(f"this server cannot prepare this model's images: {pipeline.reason}")
+
+
+class ImagePlaceholderInPrompt(RequestError):
+    """A text completion's prompt holds the model's image placeholder (see the module docstring)."""
+
+    param = "prompt"
+
+
+def check_completion_prompt(prompt_ids: Sequence[int], pipeline: ImagePipeline | UnavailableImages | None,
+                            token_text: Callable[[int], str | None]) -> None:
+    """`ImagePlaceholderInPrompt` where a completion prompt's ids hold the image feature placeholder of
+    `pipeline` (None or `UnavailableImages`: a model whose placeholders this frontend lays out for no
+    image); `token_text` names the id (the tokenizer's ``id_to_token``)."""
+    if not isinstance(pipeline, ImagePipeline):
+        return
+    feature_id = pipeline.layout.feature_id
+    for position, token in enumerate(prompt_ids):
+        if token == feature_id:
+            raise ImagePlaceholderInPrompt(
+                f"the prompt holds the image placeholder {token_text(feature_id)!r} (token {feature_id}, at prompt "
+                f"position {position}), which stands for an image's features; /v1/completions takes no images: "
+                "send images as image_url parts of a /v1/chat/completions user message")
 
 
 def with_images(prompt: Prompt, pipeline: ImagePipeline | UnavailableImages | None
