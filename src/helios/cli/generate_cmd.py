@@ -4,7 +4,9 @@ Without a core file the embedded default model is used (prepared into the cache 
 `helios serve` does), and text prompts are rendered as chat user messages, since it is a chat model:
 ``helios generate "What is 2 + 3?"`` needs nothing else. The first positional is the core when it
 is an existing file or ends in ``.core``; otherwise every positional is a prompt. Output into a
-pipe whose reader stopped (``| head``) ends quietly with status 141, as SIGPIPE would end it.
+pipe whose reader stopped (``| head``) ends quietly with status 141, as SIGPIPE would end it; a
+closed standard output (``>&-``) is refused before anything loads, and with standard error closed
+(``2>&-``) its lines are dropped rather than printed among the output.
 
 Every mistake the command line can hold is refused before the model loads (exit 2): option values
 before the core is opened, and prompts (tokenized with the core's tokenizer, read before the load)
@@ -150,6 +152,8 @@ def _check_sampling_options(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if sys.stdout is None:  # started with standard output closed (`>&-`): the output would be lost after the load
+        raise UsageError("standard output is closed: nowhere to write the generated text")
     _check_sampling_options(args)
     load, policy, host_pages = runtime_flags(args, StartupOptions(), args.device)
     _split_core_and_prompts(args)
@@ -240,6 +244,6 @@ def _generate(args: argparse.Namespace, runtime) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
         return EXIT_BROKEN_PIPE
     failed = [r for r in results if r.finish_reason.name in ("ERROR", "REJECTED")]
-    for result in failed:
+    for result in failed if sys.stderr is not None else ():  # closed (`2>&-`): print would write to stdout
         print(f"helios generate: {result.finish_reason.name.lower()}: {result.message}", file=sys.stderr)
     return 9 if failed else 0

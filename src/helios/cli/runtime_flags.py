@@ -85,6 +85,8 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _stderr(line: str) -> None:
+    if sys.stderr is None:  # started with standard error closed (`2>&-`): print would write the line to stdout
+        return
     print(f"helios: {line}", file=sys.stderr, flush=True)
 
 
