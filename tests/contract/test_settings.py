@@ -149,6 +149,9 @@ def test_snapshot_rows_are_runtime_storage_needing_no_snapshot_programs():
 def test_learned_speculation_needs_a_wider_width():
     prepared = decode_doc(version_2_doc())
     assert resolve_settings(prepared).speculative_widths == () and not resolve_settings(prepared).learned_speculation
+    # --speculative-width 1 turns speculation off: on a core with no speculative width too (it was refused)
+    off = resolve_settings(prepared, StartupOptions(speculative_width=1))
+    assert off.speculative_widths == () and not off.learned_speculation
     with pytest.raises(StartupOptionError) as caught:
         resolve_settings(prepared, StartupOptions(learned_speculation=True))
     assert caught.value.path == "startup.learned_speculation"

@@ -112,6 +112,10 @@ def test_a_capture_out_of_memory_loads_again_with_a_lower_fraction_where_the_fra
         with pytest.raises(CaptureMemoryError):
             load_model(None, options, pages)
         assert tried == [0.85]
+    tried.clear()  # the first try takes the fraction as given (0.004 was rounded to 0.0, refused after the load)
+    monkeypatch.setattr(model, "_load_model", lambda *a: load(*a, succeed_at=1))
+    assert load_model(None, LoadOptions(device="cpu", memory_fraction=0.004)) == "loaded"
+    assert tried == [0.004]
 
 
 def test_running_out_of_memory_in_the_capture_is_a_typed_error_with_its_remedy(monkeypatch):

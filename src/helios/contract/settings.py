@@ -159,7 +159,8 @@ def _resolve_speculation(contract: "PreparedContract", options: StartupOptions) 
     if learned and not wider:
         _fail("learned_speculation", "the core selects no speculative width above 1")
     if options.speculative_width is not None:
-        if options.speculative_width not in widths:
+        # 1 turns speculation off, whatever widths the core has (a core without any takes it too)
+        if options.speculative_width not in widths and options.speculative_width != 1:
             _fail("speculative_width", f"{options.speculative_width!r} is not a prepared width {list(widths)}")
         widths = tuple(w for w in widths if w <= options.speculative_width)
     if not learned:

@@ -214,7 +214,9 @@ def load_model(core, options: LoadOptions = LoadOptions(), pages: Callable[[], i
     with gc_pause.paused(), thread_switch.shortened(), compiler:
         tried = []
         while True:
-            fraction = round(options.memory_fraction - len(tried) * CAPTURE_RETRY_STEP, 2)
+            # as given first (a fraction such as 0.004 rounded to 0.0 failed the load); the retries' rounded
+            fraction = round(options.memory_fraction - len(tried) * CAPTURE_RETRY_STEP, 2) if tried else \
+                options.memory_fraction
             try:
                 return _load_model(core, dataclasses.replace(options, memory_fraction=fraction), pages, compiler)
             except CaptureMemoryError as error:
