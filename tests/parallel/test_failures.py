@@ -69,9 +69,10 @@ class Requests:
             return {f"r{i}" for i in range(self._count)} - set(self.finished)
 
 
-def lose_a_rank_mid_generation(runtime, how: int) -> None:
-    """Starts 3 requests, sends `how` to the local rank-1 process after the first token, and checks
-    that every request still in flight ends with an error and the engine turns unhealthy."""
+def lose_a_rank_mid_generation(runtime, how: int) -> Requests:
+    """Starts 3 requests, sends `how` to the local rank-1 process after the first token, checks
+    that every request still in flight ends with an error and the engine turns unhealthy, and
+    returns the requests."""
     engine = runtime.engine
     engine.start()
     requests = Requests(engine, 3)
@@ -87,6 +88,7 @@ def lose_a_rank_mid_generation(runtime, how: int) -> None:
             os.kill(pid, signal.SIGKILL)  # a stopped rank would otherwise outlive the test
     assert {requests.finished[r].reason for r in in_flight} == {FinishReason.ERROR}
     assert not engine.is_healthy
+    return requests
 
 
 def a_late_request_fails(engine) -> None:

@@ -34,6 +34,7 @@ without the interpreter's teardown (see `_exit_now`), which leaves no process be
 from __future__ import annotations
 
 import argparse
+import ctypes
 import math
 import os
 import signal
@@ -42,15 +43,15 @@ import threading
 import time
 from datetime import timedelta
 
+from helios.runtime.parallel.rank_options import quiet_torch_cpp_log  # imports no torch
+
 MAX_THREADS = 1024  # --torch-threads: as `helios serve` bounds it
 MAX_SECONDS = 365 * 24 * 3600  # --join-timeout: as `helios serve` bounds timeouts
 _STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-if "torch" not in sys.modules:  # a rank process, starting: before the seconds torch takes to load
-    # torch's C++ log level is read once, as torch loads. Its warnings (a c10d store call that
-    # failed, with a C++ backtrace of 30 lines) would print beside the one line this command ends
-    # with, which reports the error; errors still print.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+quiet_torch_cpp_log()  # a rank process, starting: before the seconds torch takes to load
+if "torch" not in sys.modules:
     # A local rank inherits the stop signals ignored (rank zero's engine process ignores them, and
     # an ignored disposition survives exec): a SIGTERM before `run` installs its handlers was lost,
     # and the rank went on to load and join. Until then a stop signal ends the rank by the signal.
@@ -177,7 +178,9 @@ def _say(line: str) -> None:
 
 
 def _exit_with_parent(parent: int) -> None:
-    """A local rank must not outlive rank zero, even while it is still loading or joining."""
+    """A local rank must not outlive rank zero, even while it is still loading or joining (or
+    stopped: `_continue_when_orphaned`)."""
+    _continue_when_orphaned()
 
     def watch() -> None:
         while os.getppid() == parent:  # a dead parent's children are re-parented
@@ -185,6 +188,20 @@ def _exit_with_parent(parent: int) -> None:
         _exit_now(9, f"error: rank zero's process {parent} is gone")  # no cleanup is owed to its group
 
     threading.Thread(target=watch, name="helios-parent-watch", daemon=True).start()
+
+
+def _continue_when_orphaned() -> None:
+    """Linux: the kernel sends this process SIGCONT when its parent ends (``PR_SET_PDEATHSIG``). A
+    rank stopped (SIGSTOP) when rank zero's process was killed (an engine process stuck in a
+    collective with that very rank, killed at the shutdown deadline) stayed stopped for ever, its
+    parent watch never running; continued, it notices and exits. SIGCONT does nothing to a running
+    rank, also when the kernel sends it early (it tracks the thread that started this process)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: the parent watch alone
+        pass
 
 
 def run_alone(argv: list[str]) -> int:

@@ -14,7 +14,9 @@ import argparse
 import math
 
 from helios.errors import UsageError
-from helios.runtime.parallel.rank_options import PeerKind, RankOptions
+from helios.runtime.parallel.rank_options import PeerKind, RankOptions, quiet_torch_cpp_log
+
+quiet_torch_cpp_log()  # rank zero's command: `serve` and `generate` import this module before torch
 
 MAX_COUNT = 2**31 - 1  # --local-ranks: past any host's ranks
 MAX_SECONDS = 365 * 24 * 3600  # timeouts: a year is "never"; a timedelta of 1e30 seconds overflows

@@ -6,7 +6,23 @@ runtime is imported (`helios.cli.rank_options`). `helios.runtime.parallel.rank_p
 from __future__ import annotations
 
 import enum
+import os
+import sys
 from dataclasses import dataclass
+
+CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
+
+
+def quiet_torch_cpp_log() -> None:
+    """Silences torch's C++ warnings in a command process that has not imported torch yet (torch
+    reads the level once, as it loads; a value the user set is kept). A group that fails to form
+    or breaks makes c10d and gloo log warnings, some with a C++ backtrace, beside the one typed
+    line the command ends with, which reports the error; errors still print. Every process of a
+    tensor-parallel group calls this first: rank zero's command (`helios.cli.rank_options`, which
+    `serve` and `generate` import before torch; its engine process inherits the variable) and
+    each rank's (`helios.cli.rank_cmd`)."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault(CPP_LOG_LEVEL, "ERROR")
 
 
 class PeerKind(enum.Enum):

@@ -195,10 +195,11 @@ class PendingRanks:
         nccl = self.placement.backend is RankBackend.NCCL
         timeout = timedelta(seconds=self.options.collective_timeout_s)
         self.rendezvous.publish_sizing(Sizing(model.num_pages, tuple(variant_name(p) for p in model.programs)))
-        group = None
+        group, formation = None, False
         try:
             self.rendezvous.wait_ready(range(1, launch.ranks), self.options.join_timeout_s, lambda: _first_lost(peers))
             self.rendezvous.publish_formation()
+            formation = True
             group = self.rendezvous.form_group(0, launch.ranks, timeout, self.placement.devices[0] if nccl else None,
                                                symmetric=launch.symmetric_all_reduce)
             bind_rank(executor.model, group)
@@ -207,7 +208,7 @@ class PendingRanks:
         except BaseException:
             if group is not None:
                 group.abort()
-            self._stop()
+            self._stop(told_to_form=formation)
             raise
         # A failed group takes its local peers down with it.
         ranked = RankedExecutor(executor, group, stats, on_failure=lambda reason: [peer.kill() for peer in peers])
@@ -218,8 +219,12 @@ class PendingRanks:
         self.rendezvous.publish_sizing(Sizing(0, (), reason or "unknown error"))
         self._stop()
 
-    def _stop(self) -> None:
-        self.rendezvous.publish_formation(go=False)  # peers already ready wait for it
+    def _stop(self, told_to_form: bool = False) -> None:
+        """Stops the local peers; peers already ready wait for rank zero's word unless it was told
+        (`told_to_form`: a stop then would wait on the store's client, which the group formation
+        that a stop signal interrupted may still hold for the group's timeout)."""
+        if not told_to_form:
+            self.rendezvous.publish_formation(go=False)
         for peer in self.peers:
             peer.stop(0.0)
         _restore_threads(self.threads_before)

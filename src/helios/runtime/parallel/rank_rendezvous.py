@@ -66,6 +66,7 @@ from helios.runtime.parallel.rank_wire import wire_signature
 
 _LAUNCH, _SIZING, _NEXT_REMOTE, _FORM = "helios/launch", "helios/sizing", "helios/next_remote", "helios/form"
 _POLL_S = 0.05
+_FORM_MARGIN_S = 30.0  # past the group's own timeout, which bounds forming it: a safety net only
 _REASON_BYTES = 4096  # of a peer's refusal, as sent and as read
 
 
@@ -407,10 +408,15 @@ class Rendezvous:
                 else dist.ProcessGroupGloo.create_default_device())
         options._devices = [host]
         options._timeout = timeout
+        # In a helper thread that this one waits for: gloo waits for every rank in native code,
+        # where a stop signal's handler cannot run (rank zero's SIGINT waited out the timeout).
+        timeout_s = timeout.total_seconds()
         try:
-            group = dist.ProcessGroupGloo(dist.PrefixStore("helios/group", self.store), rank, size, options)
+            group = _bounded(lambda: dist.ProcessGroupGloo(dist.PrefixStore("helios/group", self.store), rank, size,
+                                                           options), timeout_s + _FORM_MARGIN_S,
+                             f"rank {rank} could not form the group of {size}")
         except RuntimeError as error:
-            raise MissingRankError(f"rank {rank} could not form the group of {size}: {error}") from error
+            raise MissingRankError(f"rank {rank} could not form the group of {size}: {_first_line(error)}") from error
         if device is None or device.type == "cpu":
             return RankGroup(group, rank, size, timeout)
         formed = RankGroup(group, rank, size, timeout, self._nccl_group(rank, size, timeout, device))

@@ -26,7 +26,10 @@ A dead or silent rank fails the model, never hangs it: every CPU collective is b
 group's timeout, and on CUDA every step by a `StepDeadline` of the same length (device collectives
 never block the host; the deadline aborts the NCCL communicator, which ends them); a
 `CollectiveError` breaks the executor for good (`RankFailure` on every later plan), and
-`mark_failed` (called by the peer monitor) does the same between steps. It does not abort the
+`mark_failed` (called by the peer monitor) does the same between steps. A `RankFailure` says only
+that a rank failed: it becomes the message of every request it ends, and the cause (gloo's or
+NCCL's own text, with its source paths, or how a rank process ended) is for the operator, so
+`mark_failed` logs it once (the server's log). It does not abort the
 device group itself: the model worker may be about to replay a CUDA graph whose collectives would
 then run on a freed communicator; a step already waiting on the lost rank ends at its deadline.
 While no plan runs, the monitor calls `keepalive`, a KEEPALIVE message answered
@@ -41,6 +44,7 @@ Thread ownership: `run`, `launch` and `finish` on the model worker; `keepalive`,
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
@@ -63,10 +67,18 @@ from helios.runtime.parallel.rank_wire import MessageKind, StepMessage, WireErro
 from helios.runtime.records.stats import WorkerStats
 
 _REASON_BYTES = 256  # of a rank's failure message in its verdict
+_STOPPED = "the tensor-parallel group was stopped"
+_LOG = logging.getLogger(__name__)
 
 
 class RankFailure(ExecutionError):
-    """A rank died, stopped answering or broke the group: the tensor-parallel model cannot run."""
+    """A rank died, stopped answering or broke the group: the tensor-parallel model cannot run.
+    Its message is a client's (`RankFailure.lost`); the cause is in the log (`mark_failed`)."""
+
+    @classmethod
+    def lost(cls) -> "RankFailure":
+        return cls("tensor-parallel model failed: a tensor-parallel rank failed or stopped answering "
+                   "(the server log says why)")
 
 
 class CohortRejected(ExecutionError):
@@ -138,8 +150,11 @@ class RankedExecutor:
         return self._failure
 
     def mark_failed(self, reason: str) -> None:
-        """The group is unusable: every later plan fails; health turns false. Idempotent."""
+        """The group is unusable: every later plan fails; health turns false; `reason` (the raw
+        cause, never shown to clients) is logged. Idempotent."""
         if self._close(reason):
+            _LOG.error("the tensor-parallel group failed; requests in flight end with an error and the model "
+                       "serves no more: %s", reason)
             self._stats.healthy = False
             self._on_failure(reason)
 
@@ -172,7 +187,7 @@ class RankedExecutor:
                     yield
             except CollectiveError as failure:
                 self.mark_failed(str(failure))
-                raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
+                raise self._rank_failure() from failure
             finally:
                 self._last_exchange = time.monotonic()
 
@@ -240,7 +255,7 @@ class RankedExecutor:
                 gathered = self._group.all_gather(self.timers.as_tensor())
             except CollectiveError as failure:
                 self.mark_failed(str(failure))
-                raise RankFailure(f"tensor-parallel model failed: {failure}") from failure
+                raise self._rank_failure() from failure
             finally:
                 self._last_exchange = time.monotonic()
         if reset:
@@ -254,7 +269,7 @@ class RankedExecutor:
             try:
                 if self._failure is None:
                     self._channel.send(StepMessage(MessageKind.STOP))
-                    self._close("the tensor-parallel group was stopped")
+                    self._close(_STOPPED)
             except CollectiveError as failure:
                 self.mark_failed(str(failure))
             finally:
@@ -265,7 +280,13 @@ class RankedExecutor:
 
     def _check(self) -> None:
         if self._failure is not None:
-            raise RankFailure(f"tensor-parallel model failed: {self._failure}")
+            raise self._rank_failure()
+
+    def _rank_failure(self) -> RankFailure:
+        """What a request the broken (or stopped) group ends is told."""
+        if self._failure == _STOPPED:
+            return RankFailure(f"tensor-parallel model failed: {_STOPPED}")
+        return RankFailure.lost()
 
     @staticmethod
     def _local(call):
