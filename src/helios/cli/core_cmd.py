@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -24,6 +26,33 @@ from helios.core.reader import load_unverified
 from helios.core.records import ResourceKind
 from helios.core.relocate import add_signatures, relocate_core
 from helios.errors import UsageError
+
+
+def through_link(path: Path) -> Path:
+    """The file a core is written to for `path`: the file a symbolic link names, as `contract
+    encode` writes (the temporary file renamed into place would otherwise replace the link itself,
+    and `sign` in place left the core the link names unsigned)."""
+    return path.resolve() if path.is_symlink() else path
+
+
+def _check_new_parts(core: str, output: Path) -> None:
+    """Refuses, before anything is written, a split output whose parts (OUT.partNNN) would replace
+    a file the core at `core` reads (itself or a part: a core that `sign -o` wrote beside another
+    shares its parts, named after that other core) while OUT is another file: the core read would be
+    left pointing at parts it no longer tiles. In place, the core read is the one replaced."""
+    if _same_file(output, Path(core)):
+        return
+    part_name = re.compile(re.escape(output.name) + r"\.part[0-9]{3,}")
+    for path in (Path(core), *_source_parts(core)):
+        if part_name.fullmatch(path.name) and _same_file(path.parent, output.parent):
+            raise UsageError(f"-o {output}: its part {path.name} would replace a file of the core {core} it reads")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -76,9 +105,10 @@ def _sign(args: argparse.Namespace) -> int:
         check_output_path("-o", args.output, {"--key file": args.key, "--aes-key file": args.aes_key,
                                               "public key of --key": [f"{key}.pub" for key in args.key],
                                               "part file of the core": _source_parts(args.core)})
-    with terminate_as_exception(), naming_output(args.output or args.core):
+    destination = through_link(Path(args.output or args.core))
+    with terminate_as_exception(), naming_output(destination):
         files = add_signatures(
-            args.core, args.output or args.core, keys, replace=args.replace,
+            args.core, destination, keys, replace=args.replace,
             aes_key=aes_key_from_args(args),
         )
     ids = ", ".join(key.key_id.hex() for key in keys)
@@ -108,37 +138,46 @@ def terminal_text(text: str) -> str:
     return "".join(ch if ch.isprintable() or ch == "\n" else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
+def one_line(text: str) -> str:
+    """`terminal_text` with newlines escaped too, for a core's string that stands in one line of a
+    report (a resource id, a graph name, a file name): a newline in it would start a line of its
+    own, which could pass for one `inspect` writes (a resource, a signature "valid")."""
+    return terminal_text(text).replace("\n", "\\n")
+
+
 def _inspection_lines(report: CoreInspection) -> list[str]:
+    # Every string of the core is escaped into its one line (`one_line`) but the license and the
+    # acceptance terms, whose text may run over several lines.
     c = report.contract
     lines = [
         "UNVERIFIED: signatures checked for form only; no key trusted, nothing authorized,",
         "no stored resource read. Use `helios verify` before trusting any of this.",
-        f"core: {report.path}",
+        f"core: {one_line(report.path)}",
         f"format: {report.core_format.name}",
-        f"publisher namespace: {report.publisher.namespace}",
+        f"publisher namespace: {one_line(report.publisher.namespace)}",
         f"license: {report.publisher.license or '-'}",
         f"acceptance terms: {report.publisher.acceptance_terms or '-'}",
         "signatures:",
         *(f"  key {s.key_id}: {'valid' if s.is_valid else 'INVALID'}" for s in report.signatures),
-        f"contract: {c.served_id} (aliases: {', '.join(c.aliases) or '-'}), model contract "
+        f"contract: {one_line(c.served_id)} (aliases: {one_line(', '.join(c.aliases)) or '-'}), model contract "
         f"v{c.model_version}, {c.ranks} rank(s)",
         f"  capacities: context {c.context_tokens}, prefill {c.prefill_tokens}, pages "
         f"{c.page_capacity}, snapshots {c.snapshot_capacity}, concurrency {c.max_concurrency}, "
         f"speculative widths {list(c.speculative_widths)}",
-        *(f"  graph {g.name} ({g.operation}): {', '.join(g.variants)}" for g in c.graphs),
-        f"  contract check: {report.contract_problem or 'ok'}",
+        *(f"  graph {one_line(g.name)} ({g.operation}): {', '.join(g.variants)}" for g in c.graphs),
+        f"  contract check: {one_line(report.contract_problem or 'ok')}",
         f"resources: {len(report.resources)}",
     ]
     for info in report.resources:
         place = report.placements.get(info.id)
-        where = f"{place.file or '(core file)'}@{place.offset}" if place else "?"
+        where = f"{one_line(place.file) or '(core file)'}@{place.offset}" if place else "?"
         rank = "all" if info.rank is None else info.rank
         lines.append(
-            f"  {info.id}  {info.kind.name}  rank {rank}  stored {info.stored_nbytes}  "
+            f"  {one_line(info.id)}  {info.kind.name}  rank {rank}  stored {info.stored_nbytes}  "
             f"decoded {info.decoded_nbytes}  at {where}"
         )
     if report.location_problem:
-        lines.append(f"location problem: {report.location_problem}")
+        lines.append(f"location problem: {one_line(report.location_problem)}")
     if report.ignored_catalogs:
         lines.append(f"ignored weight catalogs of unknown versions: {report.ignored_catalogs}")
     return lines
@@ -175,8 +214,11 @@ def _relocate(args: argparse.Namespace) -> int:
         raise UsageError("--split-bytes must be positive")
     check_core_path(args.core)
     check_output_path("-o", args.output, {"part file of the core": _source_parts(args.core)})
-    with terminate_as_exception(), naming_output(args.output):
-        files = relocate_core(args.core, args.output, split_nbytes=args.split_bytes)
+    destination = through_link(Path(args.output))
+    if args.split_bytes is not None:
+        _check_new_parts(args.core, destination)
+    with terminate_as_exception(), naming_output(destination):
+        files = relocate_core(args.core, destination, split_nbytes=args.split_bytes)
     print(f"wrote {len(files)} file(s): {', '.join(str(f) for f in files)}")
     return 0
 

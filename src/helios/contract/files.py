@@ -16,6 +16,7 @@ from helios.contract.prepared import PreparedContract
 from helios.contract.rules import fail
 
 _WHITESPACE = b" \t\r\n"
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def is_json(data: bytes) -> bool:
@@ -24,6 +25,10 @@ def is_json(data: bytes) -> bool:
 
 def load_bytes(data: bytes) -> PreparedContract:
     """Decode either file form; raise `ContractError` on any defect."""
+    if not data.strip(_WHITESPACE):  # an empty bundle would parse, then fail as a contract without a model
+        fail("", "the file is empty (expected semantic JSON or a binary PreparedContractBundle)")
+    if data.startswith(_UTF8_BOM):
+        fail("", "the JSON starts with a UTF-8 byte order mark; save it without one")
     if is_json(data):
         try:
             text = data.decode("utf-8")

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
@@ -82,6 +83,14 @@ class PreparedContract:
     def from_bundle(cls, data: bytes) -> "PreparedContract":
         """Decode the binary file form: a PreparedContractBundle holding both encodings."""
         bundle = _parse(mpb.PreparedContractBundle, bytes(data), "bundle")
+        # As the JSON form refuses a repeated key: protobuf keeps the last of a repeated field (two
+        # bundles concatenated read as the second) and skips unknown ones (bytes appended to a
+        # bundle), so both would pass unseen.
+        unknown = UnknownFieldSet(bundle)
+        if len(unknown):
+            fail("bundle", f"unknown field number {unknown[0].field_number} (not in this schema)")
+        if len(bundle.SerializeToString(deterministic=True)) != len(data):
+            fail("bundle", "a field appears more than once (or is not minimally encoded)")
         return cls.decode(bundle.contract, bundle.manifest)
 
     # -- encodings ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from helios.core.envelope import MAX_SIGNATURES, signature_reports
 from helios.core.errors import BadSignatureError
 from helios.core.layout import read_raw_core
 from helios.core.locations import resolve_locations
+from helios.core.reader import core_file
 from helios.core.records import CoreFormat, Placement, Publisher, ResourceInfo
 from helios.errors import ContractError, HeliosError
 
@@ -120,7 +121,7 @@ def inspect_core(path: os.PathLike | str) -> CoreInspection:
     placements, location_problem = {}, None
     try:
         placements = dict(
-            resolve_locations(body.locations, content.resources, path, raw.header.body_offset)
+            resolve_locations(body.locations, content.resources, core_file(path), raw.header.body_offset)
         )
     except HeliosError as error:
         location_problem = str(error)

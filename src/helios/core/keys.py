@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -106,6 +106,8 @@ class SigningKey:
     def from_pem(cls, pem: bytes) -> "SigningKey":
         try:
             key = serialization.load_pem_private_key(pem, password=None)
+        except UnsupportedAlgorithm as error:  # a key of a type or curve this build cannot load (secp112r1)
+            raise KeyFileError(f"the private key is not an Ed25519 key: {error}") from None
         except (ValueError, TypeError) as error:
             raise KeyFileError(f"not an unencrypted PEM private key: {error}") from None
         if not isinstance(key, Ed25519PrivateKey):
@@ -121,15 +123,25 @@ def write_key_pair(path: Path, key: SigningKey, namespaces: Iterable[str] = ()) 
     path = Path(path)
     pub_path = path.with_name(path.name + ".pub")
     public = PublicKey(key.public.raw, frozenset(check_namespace(ns) for ns in namespaces))
+    pub_text = f"# Helios Ed25519 public key, key id {public.key_id.hex()}\n" + public.to_line()
     for target in (path, pub_path):
-        if target.exists():
+        if os.path.lexists(target):  # a dangling link too: the exclusive create below would fail on it
             raise KeyFileError(f"{target} exists; refusing to overwrite a key")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(key.to_pem())
-    with open(pub_path, "x", encoding="ascii") as out:
-        out.write(f"# Helios Ed25519 public key, key id {public.key_id.hex()}\n")
-        out.write(public.to_line())
+    # Both files are created exclusively, and a failure on the way (a file that appeared meanwhile,
+    # a full disk) removes what was created: never a private key without its .pub, or a partial one.
+    created: list[Path] = []
+    try:
+        for target, data, mode in ((path, key.to_pem(), 0o600), (pub_path, pub_text.encode("ascii"), 0o666)):
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            created.append(target)
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+    except BaseException as error:
+        for target in created:
+            target.unlink(missing_ok=True)
+        if isinstance(error, FileExistsError):
+            raise KeyFileError(f"{error.filename} exists; refusing to overwrite a key") from None
+        raise
     return pub_path
 
 

@@ -71,7 +71,7 @@ def read_raw_core(path: os.PathLike | str) -> RawCore:
     try:
         with open(path, "rb") as handle:
             file_nbytes = os.fstat(handle.fileno()).st_size
-            header = decode_header(handle.read(HEADER_NBYTES), file_nbytes)
+            header = _named(path, handle.read(HEADER_NBYTES), file_nbytes)
             handle.seek(header.body_offset)
             body = handle.read(header.body_nbytes)
     except OSError as error:
@@ -79,3 +79,14 @@ def read_raw_core(path: os.PathLike | str) -> RawCore:
     if len(body) != header.body_nbytes:
         raise ContainerError(f"{path} changed while it was read")
     return RawCore(header, body, file_nbytes)
+
+
+def _named(path: os.PathLike | str, raw: bytes, file_nbytes: int) -> CoreHeader:
+    """`decode_header`, its error naming the file: the usual mistake is a file that is not a core
+    at all (a key, a part file, a contract), and the line should say which one."""
+    if not file_nbytes:
+        raise NotACoreError(f"{path} is empty, not a Helios core")
+    try:
+        return decode_header(raw, file_nbytes)
+    except (NotACoreError, ContainerError, UnknownFormatError) as error:
+        raise type(error)(f"{path}: {error}") from None

@@ -67,6 +67,13 @@ class LoadedCore:
         return placement_path(self.path, self.placements[resource_id])
 
 
+def core_file(path: os.PathLike | str) -> Path:
+    """The file a core's siblings lie beside: the file a symbolic link names (its parts are written
+    beside it, not beside every link to it)."""
+    path = Path(path)
+    return path.resolve() if path.is_symlink() else path
+
+
 def _read_signed(path: Path) -> tuple[RawCore, core_pb2.CoreBody, tuple[PublicKey, ...]]:
     raw = read_raw_core(path)
     body = parse_core_body(raw.body)
@@ -86,7 +93,7 @@ def load_unverified(path: os.PathLike | str) -> LoadedCore:
 
     For tooling that copies or inspects cores (inspect, relocate, sign); never for serving.
     """
-    path = Path(path)
+    path = core_file(path)
     raw, body, signers = _read_signed(path)
     message = parse_payload(body.format_version, body.envelope.payload)
     return _complete(path, raw, body, signers, message, publisher_of(message))
@@ -186,7 +193,7 @@ def open_core(
     aes_key: bytes | None = None,
 ) -> Core:
     """Verifies and authorizes the core at `path` and returns it (see the module docstring)."""
-    path = Path(path)
+    path = core_file(path)
     trusted = _as_trusted(trusted_keys)
     raw, body, signers = _read_signed(path)
     if not trusted_signers(signers, trusted):

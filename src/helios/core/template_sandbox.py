@@ -6,11 +6,12 @@ frontend's per-request `ChatTemplate` (`helios.frontend.preparation.template`); 
 (trim_blocks, lstrip_blocks, loop controls) in `ImmutableSandboxedEnvironment`, plus bounds that
 stop a render, with `RenderLimitExceeded` (a jinja `SecurityError`), before it exhausts memory or CPU:
 
-- size: `range` is refused past jinja's `MAX_RANGE` items; `+`, `~`, `*` and string formatting
+- size: `range` is refused past jinja's `MAX_RANGE` items, `lipsum` past the cap; `+`, `~`, `*` and string formatting
   are checked before they build a string or list past `RenderBounds.max_chars`, integer `*` and
   `**` before they build an integer past `MAX_INT_BITS`, width arguments of the padding methods and
-  filters (``center``, ``ljust``, ``indent``, ``tojson(indent=...)``, ...), `replace` and `join`
-  before they build a string past the cap; the rendered text may not exceed it either;
+  filters (``center``, ``ljust``, ``indent``, ``tojson(indent=...)``, ...), `replace`, `join`,
+  ``wordwrap(wrapstring=...)`` and ``urlize(target=..., rel=...)`` before they build a string past
+  the cap, and `sum` joins lists in one pass, weighed first; the rendered text may not exceed it either;
 - time: every call (macros, methods, `caller`, recursive `loop`) and every loop counts a step,
   and every `CHECK_EVERY` steps the render's thread CPU time is compared with
   `RenderBounds.cpu_seconds`. Thread CPU time, not wall time: a render waiting for the GIL behind
@@ -33,6 +34,8 @@ in a loop holds 2**n copies of s). What stays unbounded: one operation on values
 
 from __future__ import annotations
 
+import builtins
+import itertools
 import json
 import re
 import threading
@@ -44,7 +47,9 @@ from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, optimizeconst
 from jinja2.ext import loopcontrols
 from jinja2.runtime import LoopContext
+from jinja2.filters import make_attrgetter
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, SecurityError
+from jinja2.utils import generate_lorem_ipsum, pass_environment
 from jinja2.visitor import NodeTransformer
 
 MAX_INT_BITS = 1 << 16  # 19,728 decimal digits; Python's own int-to-text limit is 4,300
@@ -157,6 +162,18 @@ def _check_width(width: Any) -> None:
         raise RenderLimitExceeded(f"a width of {width} is too large")
 
 
+LOREM_WORD_CHARS = 16  # the longest lorem ipsum word (12), a comma or full stop, a space and a margin
+
+
+def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002
+    """jinja's `lipsum` global, refused where its paragraphs could pass the cap: one call builds
+    `n` paragraphs of up to `max` words (``lipsum(200, False, 20000, 20001)`` took seconds past the
+    CPU bound and built 30 MB in a single step, which no step count can stop)."""
+    if _is_int(n) and _is_int(max):
+        _check_size(builtins.max(n, 0) * builtins.max(max, 0) * LOREM_WORD_CHARS, "a lorem ipsum text")
+    return generate_lorem_ipsum(n, html, min, max)
+
+
 def _check_replace(text: Any, old: Any, new: Any, count: Any = -1) -> None:
     if isinstance(text, str) and isinstance(old, str) and isinstance(new, str) and len(new) > len(old):
         found = text.count(old) if old else len(text) + 1
@@ -200,6 +217,50 @@ def _check_indent(text: Any, width: Any = 4, *_: Any) -> None:
         _check_size(len(text) + (text.count("\n") + 1) * step, "an indentation")
 
 
+def _check_wordwrap(text: Any, width: Any = 79, break_long_words: Any = True, wrapstring: Any = None,
+                    *_: Any, **__: Any) -> None:
+    """`wordwrap` puts `wrapstring` between its lines: ``('a ' * 1000)|wordwrap(1, wrapstring=W)``
+    built 1,000 copies of W in one call. Of two consecutive lines of a paragraph, the second starts
+    with a word that did not fit on the first, so together they hold more than `width` characters:
+    a paragraph of n characters wraps into at most 2n / (width + 1) + 1 lines."""
+    if not isinstance(text, str) or not isinstance(wrapstring, str):
+        return  # the environment's newline: the text at most doubles
+    step = max(width, 1) if _is_int(width) else 1  # a float width: as narrow as can be
+    lines = 2 * len(text) // (step + 1) + len(text.splitlines()) + 1
+    _check_size(len(text) + lines * len(wrapstring), "a word wrap")
+
+
+@pass_environment
+def _bounded_sum(environment: Any, iterable: Iterable, attribute: Any = None, start: Any = 0) -> Any:
+    """jinja's `sum`, with lists and tuples joined in one pass and weighed first: `sum` adds them
+    pairwise, so n lists of total length T cost n * T (``[x] * 300|sum(start=[])``, x of 10,000
+    items, took 14 s in one call, past any CPU bound, and built 3,000,000 items past the cap)."""
+    if attribute is not None:
+        iterable = map(make_attrgetter(environment, attribute), iterable)
+    items = list(bounded_iter(iterable))
+    if not isinstance(start, (list, tuple)) and not any(isinstance(item, (list, tuple)) for item in items):
+        return sum(items, start)  # numbers (strings raise as they do in jinja)
+    kind = type(start)
+    if kind not in (list, tuple) or any(type(item) is not kind for item in items):
+        raise TypeError(f"sum() can only join {kind.__name__} items with a {kind.__name__} start")
+    _check_size(len(start) + sum(len(item) for item in items), "a sum")
+    return kind(itertools.chain(start, *items))
+
+
+_LINK_MARK = re.compile(r"[.:@](?=\S)")
+
+
+def _check_urlize(text: Any, trim_url_limit: Any = None, nofollow: Any = False, target: Any = None,
+                  rel: Any = None, *_: Any, **__: Any) -> None:
+    """`urlize` writes `target` and `rel` into every link it makes: ``('http://a.com ' * 1000)|
+    urlize(target=T)`` built 1,000 copies of T in one call. A link holds a dot, a colon or an @
+    inside a word (followed by more of it)."""
+    extra = sum(len(value) for value in (target, rel) if isinstance(value, str))
+    if isinstance(text, str) and extra:
+        links = sum(1 for _ in _LINK_MARK.finditer(text))
+        _check_size(len(text) + links * extra, "a urlize")
+
+
 def _check_filter(name: str, args: tuple, kwargs: Mapping[str, Any]) -> None:
     """The widths and sizes of the module docstring, for the filters that can build large values."""
     if name in ("center", "batch", "slice"):
@@ -217,10 +278,14 @@ def _check_filter(name: str, args: tuple, kwargs: Mapping[str, Any]) -> None:
         _check_size(_text_len(args[0]) + len(separator) * len(args[0]), "a join")
     elif name in ("string", "pprint") and args:
         text_of(args[0])
+    elif name == "wordwrap" and args:
+        _check_wordwrap(*args, **kwargs)
+    elif name == "urlize" and args:
+        _check_urlize(*args, **kwargs)
 
 
 _GROWING_FILTERS = frozenset(("center", "batch", "slice", "indent", "format", "replace", "join", "string",
-                              "pprint"))
+                              "pprint", "wordwrap", "urlize"))
 
 
 def _bounded_filter(name: str, function: Any) -> Any:
@@ -387,11 +452,13 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.filters = {**self.filters, **{name: _bounded_filter(name, self.filters[name])
                                            for name in _GROWING_FILTERS if name in self.filters}}
         self.filters["tojson"] = _tojson
+        self.filters["sum"] = _bounded_sum
         self.filters[ITER_FILTER] = bounded_iter
         self.filters[CONCAT_FILTER] = bounded_concat
         self.filters[BUILT_FILTER] = weighed
         self.globals["raise_exception"] = _raise_exception
         self.globals["range"] = bounded_range
+        self.globals["lipsum"] = _bounded_lipsum
 
     def _parse(self, source, name, filename):
         return _CountLoops().visit(super()._parse(source, name, filename))
