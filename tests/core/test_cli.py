@@ -103,9 +103,27 @@ def test_inspect_escapes_what_a_terminal_would_act_on(tmp_path, capsys):
     writer.write(tmp_path / "m.core")
     code, out, _ = run(capsys, "inspect", tmp_path / "m.core")
     assert code == 0 and "\x1b" not in out and "\x07" not in out and "\u202e" not in out
-    assert "license: line one\nline two\\x1b]0;owned\\x07" in out and "acceptance terms: ok\\u202eevil" in out
+    assert "license: line one\n  | line two\\x1b]0;owned\\x07" in out and "acceptance terms: ok\\u202eevil" in out
     report = json.loads(run(capsys, "inspect", tmp_path / "m.core", "--json")[1])
     assert report["publisher"]["license"] == "line one\nline two\x1b]0;owned\x07"
+
+
+def test_inspect_marks_each_line_of_a_license_after_its_first(tmp_path, capsys):
+    """A license's lines could pass for inspect's own (a signature reported "valid"): each line
+    after its first is marked."""
+    from helios.core.keys import SigningKey
+
+    from .builders import new_writer
+
+    writer = new_writer([SigningKey.generate()])
+    forged = "MIT\nsignatures:\n  key 00ff: valid\rtrailer"
+    writer.set_publisher(NAMESPACE, license=forged, acceptance_terms="a\r\nb")
+    writer.write(tmp_path / "m.core")
+    code, out, _ = run(capsys, "inspect", tmp_path / "m.core")
+    assert code == 0
+    assert "license: MIT\n  | signatures:\n  |   key 00ff: valid\n  | trailer\n" in out
+    assert "acceptance terms: a\n  | b\n" in out
+    assert all(not line.startswith("  key 00ff") for line in out.splitlines())
 
 
 def test_relocate_and_sign(published, tmp_path, capsys):

@@ -145,9 +145,15 @@ def one_line(text: str) -> str:
     return terminal_text(text).replace("\n", "\\n")
 
 
+def continued(text: str) -> str:
+    """A core's text of several lines (a license) with each line after its first marked ``  | ``:
+    no line of it can pass for one `inspect` writes (a signature reported "valid")."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\n  | ")
+
+
 def _inspection_lines(report: CoreInspection) -> list[str]:
     # Every string of the core is escaped into its one line (`one_line`) but the license and the
-    # acceptance terms, whose text may run over several lines.
+    # acceptance terms, whose text may run over several lines, each after the first marked (`continued`).
     c = report.contract
     lines = [
         "UNVERIFIED: signatures checked for form only; no key trusted, nothing authorized,",
@@ -155,8 +161,8 @@ def _inspection_lines(report: CoreInspection) -> list[str]:
         f"core: {one_line(report.path)}",
         f"format: {report.core_format.name}",
         f"publisher namespace: {one_line(report.publisher.namespace)}",
-        f"license: {report.publisher.license or '-'}",
-        f"acceptance terms: {report.publisher.acceptance_terms or '-'}",
+        f"license: {continued(report.publisher.license or '-')}",
+        f"acceptance terms: {continued(report.publisher.acceptance_terms or '-')}",
         "signatures:",
         *(f"  key {s.key_id}: {'valid' if s.is_valid else 'INVALID'}" for s in report.signatures),
         f"contract: {one_line(c.served_id)} (aliases: {one_line(', '.join(c.aliases)) or '-'}), model contract "
