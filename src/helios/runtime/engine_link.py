@@ -9,10 +9,18 @@ way; `Batch` (one round's `StepBatch`, and a `StatsSnapshot` when it changed) an
 So the model worker's host work never competes with the HTTP event loop and the output workers for
 one interpreter lock.
 
-In the engine process `serve_link` runs the commands on its main thread against a started
-`Engine` whose sink writes each round's batch itself while the pipe is drained and idle (a small
-write that cannot block), else queues it for a sender thread, which pickles and writes it (the
-model worker waits only when `MAX_QUEUED` messages are waiting: back pressure from a serving
+In the engine process `serve_link` runs the commands on its main thread (the command loop)
+against a started `Engine`, and never waits there for a grammar compile: an `Admit` with a grammar
+starts its compile on a thread of its own (`compile_grammar`) and is held (`_Compiling`) until it
+ends, while later commands (other clients' requests, cancellations) go on; the request is then
+submitted, then any `StopMatched` for it that came meanwhile, or it fails alone (ERROR, naming why);
+a `Cancel` while it compiles ends it CANCELLED at once, and `Shutdown` ends those still compiling
+CANCELLED. Before, the command loop waited for each compile (about 1.4 s for a 64 KiB schema on a
+2-core machine) and every request and cancellation behind it waited too (the model worker's rounds
+and their token batches did not: llguidance compiles with the interpreter lock released). The
+engine's sink writes each round's batch itself while the pipe is drained and idle (a small write
+that cannot block), else queues it for a sender thread, which pickles and writes it (the model
+worker waits only when `MAX_QUEUED` messages are waiting: back pressure from a serving
 process that stopped reading).
 
 What stays true across the boundary: every admitted request ends with exactly one `FinishEvent`.
@@ -25,24 +33,23 @@ CANCELLED, from the engine), waits for the process, and kills it if it does not 
 engine process whose serving process is gone (end of file on the pipe) shuts down the same way.
 
 Liveness: the engine process's command loop sends a `Beat` every `HEARTBEAT_INTERVAL_S` (one small
-message, never on a token's path), so a process that is alive but not serving (stopped by SIGSTOP
-or a debugger, its main thread hung or busy for longer than any legitimate grammar compile) is told
-from a busy one: once no beat arrived for `liveness_timeout_s`, `unresponsive_reason` says why (it
-is None again when the beats resume). The command loop runs beside the model worker's thread, so a
-worker stuck inside a round without holding the interpreter lock (a device sync that never returns,
-a deadlocked collective, a native call) would leave the beats flowing: each beat also carries the
-engine's progress (`Engine.progress`, rounds completed) and whether requests are pending
-(`Engine.has_pending`), and once the beats showed requests pending and the count unchanged for
-longer than `liveness_timeout_s`, `stalled_reason` says why (None again at the first beat whose
-count moved or that shows nothing pending: an idle engine is never stalled). A round is bounded by
-what the worker does in it: a prefill is chunked to the program's extent, a grammar mask is filled
-within llguidance's step limits, and grammar compiles run on the command loop, off the worker's
-rounds (a compile longer than the timeout stops the beats instead: unresponsive). Nothing is
-killed for either while serving. `shutdown` never waits on a pipe the engine process stopped
-reading: the `Shutdown` record is written by a thread of its own and waited for at most its
-deadline (a short one where the engine process is already unresponsive or stalled: its worker
-would not finish its round), then the process is killed, which also frees any writer blocked on
-the pipe.
+message, never on a token's path), so a process that is alive but not serving (stopped by SIGSTOP or
+a debugger, its main thread hung) is told from a busy one: once no beat arrived for
+`liveness_timeout_s`, `unresponsive_reason` says why (it is None again when the beats resume). The
+command loop runs beside the model worker's thread, so a worker stuck inside a round without holding
+the interpreter lock (a device sync that never returns, a deadlocked collective, a native call)
+would leave the beats flowing: each beat also carries the engine's progress (`Engine.progress`,
+rounds completed) and whether requests are pending (`Engine.has_pending`), and once the beats showed
+requests pending and the count unchanged for longer than `liveness_timeout_s`, `stalled_reason` says
+why (None again at the first beat whose count moved or that shows nothing pending: an idle engine is
+never stalled). A round is bounded by what the worker does in it: a prefill is chunked to the
+program's extent, a grammar mask is filled within llguidance's step limits, and grammar compiles run
+on a thread of their own, off the worker's rounds and off the command loop (a request whose grammar
+compiles is not pending in the engine yet, and the beats go on). Nothing is killed for either while
+serving. `shutdown` never waits on a pipe the engine process stopped reading: the `Shutdown` record
+is written by a thread of its own and waited for at most its deadline (a short one where the engine
+process is already unresponsive or stalled: its worker would not finish its round), then the process
+is killed, which also frees any writer blocked on the pipe.
 """
 
 from __future__ import annotations
@@ -53,7 +60,8 @@ import signal
 import termios
 import threading
 import time
-from dataclasses import fields
+from concurrent.futures import Future
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Callable, NamedTuple
 
@@ -432,13 +440,87 @@ def unread_bytes(connection) -> int | None:
         return None
 
 
-def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], GrammarState]) -> None:
+@dataclass
+class _Held:
+    """An admitted request whose grammar is compiling, and its `StopMatched` commands that came meanwhile."""
+
+    spec: RequestSpec
+    commands: list[StopMatched] = field(default_factory=list)
+
+
+class _Compiling:
+    """The admitted requests whose grammar is still compiling, held off the engine so that the command
+    loop never waits for a compile. A request is submitted when its compile ends (on the compile's
+    thread), then its commands that came meanwhile, in order; a compile that fails ends its request
+    alone with ERROR naming why; a `Cancel` while it compiles ends it CANCELLED at once (its compile's
+    result is dropped). Every decision about a held request (submitted, failed, cancelled, closed)
+    is taken under one lock, so a command is applied either to the held request or, after its
+    submission, by the engine, never both and never before its `Admit`; once `close` ran nothing more
+    is submitted or sent for a held request. Owned by `serve_link`: `admit`, `command` and `close` from
+    its command loop (`admit` never after `close`)."""
+
+    def __init__(self, engine: Engine, sender: _BatchSender):
+        self._engine = engine
+        self._sender = sender
+        self._lock = threading.Lock()
+        self._held: dict[str, _Held] = {}
+
+    def admit(self, spec: RequestSpec, compiling: Future[GrammarState]) -> None:
+        """Holds `spec` until `compiling` ends (at once if it already has)."""
+        with self._lock:
+            self._held[spec.request_id] = _Held(spec)
+        compiling.add_done_callback(lambda done: self._compiled(spec.request_id, done))
+
+    def command(self, message: Cancel | StopMatched) -> bool:
+        """Takes `message` if its request is held (True); False: the engine's to apply."""
+        with self._lock:
+            held = self._held.get(message.request_id)
+            if held is None:
+                return False
+            if isinstance(message, StopMatched):
+                held.commands.append(message)
+                return True
+            del self._held[message.request_id]
+            self._end(held.spec, FinishReason.CANCELLED, "")
+        return True
+
+    def close(self, reason: FinishReason, message: str) -> None:
+        """Ends every held request with `reason`; compiles that end later are dropped."""
+        with self._lock:
+            ended, self._held = self._held, {}
+            for held in ended.values():
+                self._end(held.spec, reason, message)
+
+    def _compiled(self, request_id: str, done: Future[GrammarState]) -> None:
+        """A compile ended (the compile's thread; the command loop's where it had ended before `admit`)."""
+        with self._lock:
+            held = self._held.pop(request_id, None)
+            if held is None:  # cancelled, or the loop ended (`close`), while it compiled
+                return
+            try:
+                grammar = done.result()
+            except Exception as error:  # noqa: BLE001 - this request fails alone
+                self._end(held.spec, FinishReason.ERROR,
+                          f"request failed on the model worker: {type(error).__name__}: {error}")
+                return
+            self._engine.submit(EngineRequest(held.spec, grammar=grammar))
+            for command in held.commands:
+                self._engine.stop_matched(command.request_id, command.num_output_tokens)
+
+    def _end(self, spec: RequestSpec, reason: FinishReason, message: str) -> None:
+        self._sender.send(Batch((FinishEvent(spec.request_id, reason, len(spec.prompt_ids), 0, 0, message),), None))
+
+
+def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], Future[GrammarState]]) -> None:
     """The engine process's main loop: applies the serving process's commands to `engine` (built,
     not started) until `Shutdown` or the end of the pipe, then shuts the engine down. A worker loop
-    that fails is reported as `Died`. `compile_grammar(source)` builds an admitted request's matcher."""
+    that fails is reported as `Died`. `compile_grammar(source)` starts compiling an admitted
+    request's matcher and returns at once (`helios.server.engine_grammars.EngineGrammars.compile_later`):
+    the request is held meanwhile (`_Compiling`), and the loop goes on with other commands."""
     sender = _BatchSender(connection, engine)
     engine.connect(sender)
     engine.start()
+    compiling = _Compiling(engine, sender)
     next_beat = 0.0
     try:
         while engine.is_healthy:
@@ -454,35 +536,39 @@ def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], Gram
             message = connection.recv()
             if isinstance(message, Shutdown):
                 break
-            _apply(engine, sender, message, compile_grammar)
+            _apply(engine, compiling, message, compile_grammar)
         else:
+            compiling.close(FinishReason.ERROR, f"model worker failed: {engine.failure or 'its loop ended'}")
             engine.shutdown()
             sender.send(Died(engine.failure or "its loop ended"))
             sender.close()
             return
     except (EOFError, OSError):
         pass  # the serving process is gone
+    compiling.close(FinishReason.CANCELLED, "the model worker shut down")
     engine.shutdown()
     sender.send(Batch(None, stats_fields(engine.stats.snapshot())))
     sender.send(Shutdown())
     sender.close()
 
 
-def _apply(engine: Engine, sender: _BatchSender, message, compile_grammar) -> None:
+def _apply(engine: Engine, compiling: _Compiling, message,
+           compile_grammar: Callable[[str], Future[GrammarState]]) -> None:
     if isinstance(message, Admit):
-        spec = message.spec
-        try:
-            grammar = compile_grammar(message.grammar_source) if message.grammar_source is not None else None
-        except Exception as error:  # noqa: BLE001 - this request fails alone
-            text = f"request failed on the model worker: {type(error).__name__}: {error}"
-            sender.send(Batch((FinishEvent(spec.request_id, FinishReason.ERROR, len(spec.prompt_ids), 0, 0, text),),
-                              None))
+        if message.grammar_source is None:
+            engine.submit(EngineRequest(message.spec))
             return
-        engine.submit(EngineRequest(spec, grammar=grammar))
-    elif isinstance(message, Cancel):
-        engine.cancel(message.request_id)
-    elif isinstance(message, StopMatched):
-        engine.stop_matched(message.request_id, message.num_output_tokens)
+        try:
+            compiled = compile_grammar(message.grammar_source)
+        except Exception as error:  # noqa: BLE001 - a compile that could not start: this request fails alone
+            compiled = Future()
+            compiled.set_exception(error)
+        compiling.admit(message.spec, compiled)
+    elif isinstance(message, (Cancel, StopMatched)) and not compiling.command(message):
+        if isinstance(message, Cancel):
+            engine.cancel(message.request_id)
+        else:
+            engine.stop_matched(message.request_id, message.num_output_tokens)
 
 
 def wait_ready(connection, timeout: float, is_alive: Callable[[], bool]):

@@ -8,7 +8,8 @@ with where the core is and how to load it, and builds its own frontend's tokeniz
 compiler meanwhile (`while_loading`, `helios.server.frontend_ahead`). The engine process opens the
 core again, loads it, starts the engine and serves it over `helios.runtime.engine_link` (grammar
 matchers compiled again there from their source, against the same tokenizer, by a compiler built once
-the process is ready: `helios.server.engine_grammars`); its first message is
+the process is ready, on a compile thread that the command loop never waits for:
+`helios.server.engine_grammars`); its first message is
 its readiness (the tokenizer and chat template it loaded, and its first stats) or its startup
 error, re-raised here with its type and exit code. The serving process never loads weights or
 touches the device.
@@ -215,7 +216,10 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
         freeze_startup_heap()
         grammars = EngineGrammars(model.tokenizer_json, model.prepared.sampled_range[1],
                                   model.settings.eos_token_ids).start()
-        serve_link(connection, runtime.engine, grammars.compile)
+        try:
+            serve_link(connection, runtime.engine, grammars.compile_later)
+        finally:
+            grammars.close()  # compiles not begun are dropped: the process exits after the running one
     finally:
         runtime.close()
 
