@@ -98,6 +98,16 @@ def test_generate_rejects_bad_prompt_ids(prepared, capsys):
     assert "non-empty" in capsys.readouterr().err
 
 
+def test_generate_refuses_chat_with_prompt_ids(prepared, capsys):
+    """--chat renders texts; token ids are used as given (it was accepted and did nothing)."""
+    _, core, public = prepared
+    capsys.readouterr()
+    code = main(["generate", str(core), "--accept", NAMESPACE, "--trust", str(public), "--chat", "--prompt-ids",
+                 "[[3, 4]]"])
+    assert code == 2
+    assert "--chat renders prompt texts" in capsys.readouterr().err
+
+
 def test_generate_refuses_an_empty_text_prompt_as_a_usage_error(prepared, capsys):
     """A prompt with no tokens is the operator's mistake (exit 2, naming which prompt), not a
     rejected request of the engine (exit 9)."""

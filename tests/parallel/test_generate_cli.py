@@ -54,3 +54,12 @@ def test_a_rank_joining_over_loopback_gives_the_same_tokens(cores, capsys):
     assert two == cores.reference_tokens(QWEN3_MOE)
     assert joiner.returncode == 0
     assert "serving rank 1 of 2" in stderr
+
+
+def test_local_ranks_for_a_core_of_one_rank_are_refused(cores, capsys):
+    """--local-ranks 2 on a one-rank core was accepted and ignored (one process served it)."""
+    capsys.readouterr()
+    code = main(["generate", str(cores.core(QWEN3_MOE, 1)), *cores.cli_trust(), "--prompt-ids", json.dumps(PROMPTS),
+                 "--max-tokens", "2", "--local-ranks", "2"])
+    err = capsys.readouterr().err
+    assert code != 0 and "2 local ranks for a core of 1 rank" in err and "Traceback" not in err

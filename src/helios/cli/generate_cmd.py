@@ -120,6 +120,8 @@ def _split_core_and_prompts(args: argparse.Namespace) -> None:
         args.core = None
     if bool(args.prompts) == bool(args.prompt_ids):
         raise UsageError("give prompt texts or --prompt-ids, not both or neither")
+    if args.chat and args.prompt_ids:  # ids are the prompt as given: no template renders them
+        raise UsageError("--chat renders prompt texts with the chat template; --prompt-ids are used as given")
 
 
 def _open(args: argparse.Namespace):

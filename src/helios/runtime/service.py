@@ -18,6 +18,7 @@ from helios.runtime.loading.model import LoadedModel, LoadOptions, load_model
 from helios.runtime.execution.host_staging import host_staging
 from helios.runtime.execution.packer import Packer
 from helios.runtime.scheduling.policy import SchedulerPolicy
+from helios.runtime.parallel.rank_devices import UnsupportedRanksError
 from helios.runtime.parallel.rank_peers import RankOptions, RankPeers, launch_peers
 from helios.runtime.scheduling.scheduler import Scheduler
 from helios.runtime.records.stats import WorkerStats
@@ -53,6 +54,9 @@ def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
     if options.hold_freed_memory:
         hold_freed_memory()
     ranked = core.prepared.manifest.ranks > 1
+    if not ranked and (options.ranks.local_ranks or 1) > 1:  # it was ignored: one process served the core
+        raise UnsupportedRanksError(f"{options.ranks.local_ranks} local ranks for a core of 1 rank (prepare it "
+                                    "with --tensor-parallel to serve it on several)")
     # A tensor-parallel core's peers load their shards while rank zero loads its own; its programs
     # are captured into CUDA graphs once the group is formed (their collectives need every rank);
     # on the CPU they run the eager fast graphs (their collectives are bound after load, so nothing compiled).
