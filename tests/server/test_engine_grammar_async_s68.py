@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 
 from helios.core.reader import open_core
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarError, GrammarKind, GrammarRequest
-from helios.runtime.engine_link import Admit, Batch, Shutdown, batch_of, serve_link, stats_of
+from helios.runtime.engine_link import Admit, Batch, Died, Shutdown, batch_of, serve_link, stats_of
 from helios.runtime.loading.model import LoadOptions, resource_of_kind
 from helios.runtime.outlet import Cancel, StopMatched
 from helios.runtime.records.events import FinishEvent, FinishReason
@@ -293,3 +293,20 @@ def test_a_compile_that_fails_or_cannot_start_fails_its_request_alone():
         ours.send(Cancel("bad"))  # ended already: the engine's to ignore
         assert engine.wait_for(2)[1] == ("cancel", "bad")
     assert ("submit", "bad") not in [call[:2] for call in engine.calls]
+
+
+def test_a_model_marked_unhealthy_by_its_executor_dies_naming_why():
+    """A broken tensor-parallel group marks the model unhealthy without a worker failure: the loop
+    ended and the serving process was told only "its loop ended"."""
+    engine = RecordingEngine()
+    engine.failure, engine.is_healthy, engine.stats.healthy = None, False, False
+    ours, theirs = multiprocessing.Pipe()
+    loop = threading.Thread(target=serve_link, args=(theirs, engine, lambda source: Future()))
+    loop.start()
+    loop.join(WAIT_S)
+    assert not loop.is_alive()
+    messages = []
+    while ours.poll(1):
+        messages.append(ours.recv())
+    (died,) = [m for m in messages if isinstance(m, Died)]
+    assert "executor failed" in died.failure and "tensor-parallel" in died.failure

@@ -538,9 +538,10 @@ def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], Futu
                 break
             _apply(engine, compiling, message, compile_grammar)
         else:
-            compiling.close(FinishReason.ERROR, f"model worker failed: {engine.failure or 'its loop ended'}")
+            reason = _death_reason(engine)
+            compiling.close(FinishReason.ERROR, f"model worker failed: {reason}")
             engine.shutdown()
-            sender.send(Died(engine.failure or "its loop ended"))
+            sender.send(Died(reason))
             sender.close()
             return
     except (EOFError, OSError):
@@ -550,6 +551,16 @@ def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], Futu
     sender.send(Batch(None, stats_fields(engine.stats.snapshot())))
     sender.send(Shutdown())
     sender.close()
+
+
+def _death_reason(engine: Engine) -> str:
+    """Why the command loop stopped serving `engine`: its worker loop's failure, or the executor that
+    marked it unhealthy (a tensor-parallel group that broke: its cause is in this process's log)."""
+    if engine.failure:
+        return engine.failure
+    if not engine.stats.healthy:
+        return "the model stopped serving: its executor failed (a tensor-parallel rank failed; the log says why)"
+    return "its loop ended"
 
 
 def _apply(engine: Engine, compiling: _Compiling, message,
