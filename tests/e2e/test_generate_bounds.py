@@ -2,9 +2,12 @@
 ids leave the core's vocabulary or that, with --max-tokens, passes the context extent is one line
 and exit 2 once the core is opened (it was exit 9, after a load of seconds to minutes). Options
 whose bounds need no core (a device name, tensor-parallel timeouts and counts) are refused before
-the core is opened. In process through `main`, on the shared tiny prepared core."""
+the core is opened. A closed standard output is refused before the load, and with standard error
+closed no line of it lands among the output. In process through `main`, on the shared tiny prepared core."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 
@@ -120,3 +123,51 @@ def test_pages_too_few_for_one_request_are_refused_before_anything_loads(core, m
     code, err = run(capsys, *generate(core, "--prompt-ids", "[[5, 6, 7]]", "--pages", "1"))
     assert code == 8 and "1 physical cache pages asked for, but one request of the context extent" in err
     assert f"({CONTEXT_TOKENS} tokens" in err and "ask for at least" in err
+
+
+def test_a_closed_standard_output_is_refused_before_the_load(core, no_load, monkeypatch, capsys):
+    """`helios generate ... >&-` loaded the model, generated, printed into nothing (Python's
+    `sys.stdout` is None) and ended with an AttributeError traceback from the flush."""
+    monkeypatch.setattr(sys, "stdout", None)
+    code, _, err = run_cli(capsys, "generate", core.path, "--accept", core.namespace, "--trust", core.public_key,
+                           "--prompt-ids", "[[5, 6, 7]]")
+    assert code == 2 and "standard output is closed" in one_line(err)
+
+
+def test_a_closed_standard_error_keeps_the_load_progress_out_of_the_output(monkeypatch, capsys):
+    """With standard error closed (`2>&-`, `sys.stderr` None) `print(file=sys.stderr)` writes to
+    standard output: the load's progress lines ("helios: ran the first (checked) call ...") came
+    before the generated text in `helios generate ... 2>&- > out.txt`."""
+    import argparse
+
+    from helios.cli.runtime_flags import add_runtime_flags, runtime_flags
+    from helios.contract import StartupOptions
+
+    parser = argparse.ArgumentParser()
+    add_runtime_flags(parser)
+    load, _, _ = runtime_flags(parser.parse_args([]), StartupOptions(), "cpu")
+    monkeypatch.setattr(sys, "stderr", None)
+    load.progress("ran the first (checked) call of decode R=1 T=1 in 0.1 s [1/1]")
+    assert capsys.readouterr().out == ""
+
+
+def test_a_closed_standard_error_keeps_failed_prompts_out_of_the_output(core, monkeypatch, capsys):
+    """A prompt the engine rejects is reported on standard error and exits 9; with standard error
+    closed that line was printed into the generated output instead."""
+    from types import SimpleNamespace
+
+    import helios.cli.generate_cmd as generate_cmd
+    from helios.runtime.offline import Generation
+    from helios.runtime.records.events import FinishReason
+
+    tokenizer_json = (core.path.parent / "checkpoint" / "tokenizer.json").read_bytes()
+    runtime = SimpleNamespace(engine=None, close=lambda: None,
+                              model=SimpleNamespace(tokenizer_json=tokenizer_json,
+                                                    settings=SimpleNamespace(eos_token_ids=())))
+    monkeypatch.setattr(generate_cmd, "build_runtime", lambda *args: runtime)
+    monkeypatch.setattr(generate_cmd, "generate",
+                        lambda *args: [Generation((), FinishReason.REJECTED, 3, "injected rejection")])
+    monkeypatch.setattr(sys, "stderr", None)
+    code, out, _ = run_cli(capsys, "generate", core.path, "--accept", core.namespace, "--trust", core.public_key,
+                           "--prompt-ids", "[[5, 6, 7]]")
+    assert code == 9 and out == "\n"
