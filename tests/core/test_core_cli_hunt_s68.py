@@ -152,3 +152,23 @@ def test_a_split_core_reached_through_a_link_finds_its_parts_beside_the_file(tmp
     assert code == 0, err
     assert "location problem" not in run(capsys, "inspect", link)[1]
     assert run(capsys, "relocate", link, "-o", tmp_path / "copy.core")[0] == 0
+
+
+def test_a_split_core_of_links_into_a_blob_store_finds_its_parts_beside_the_links(tmp_path, capsys):
+    """A model cache's snapshot links each file (the core and each part, by their names) into its
+    blobs: the parts lie beside the links, not beside the blob the core's link names."""
+    from .builders import build_core, random_bytes
+
+    key = SigningKey.generate()
+    write_key_pair(tmp_path / "k.key", key)
+    built, blobs, snapshot = tmp_path / "built", tmp_path / "blobs", tmp_path / "snapshots" / "rev"
+    for folder in (built, blobs, snapshot):
+        folder.mkdir(parents=True)
+    build_core(built / "m.core", [key], extra={"blob": random_bytes(3000)}, split_nbytes=1000)
+    for index, file in enumerate(sorted(built.iterdir())):
+        file.rename(blobs / f"sha{index:04d}")
+        (snapshot / file.name).symlink_to(blobs / f"sha{index:04d}")
+    core = snapshot / "m.core"
+    code, _, err = run(capsys, "verify", core, "--accept", NAMESPACE, "--trust", tmp_path / "k.key.pub")
+    assert code == 0, err
+    assert "location problem" not in run(capsys, "inspect", core)[1]

@@ -121,7 +121,8 @@ def inspect_core(path: os.PathLike | str) -> CoreInspection:
     placements, location_problem = {}, None
     try:
         placements = dict(
-            resolve_locations(body.locations, content.resources, core_file(path), raw.header.body_offset)
+            resolve_locations(body.locations, content.resources, core_file(path, body.locations),
+                              raw.header.body_offset)
         )
     except HeliosError as error:
         location_problem = str(error)

@@ -67,11 +67,19 @@ class LoadedCore:
         return placement_path(self.path, self.placements[resource_id])
 
 
-def core_file(path: os.PathLike | str) -> Path:
-    """The file a core's siblings lie beside: the file a symbolic link names (its parts are written
-    beside it, not beside every link to it)."""
+def core_file(path: os.PathLike | str, locations: core_pb2.LocationSet) -> Path:
+    """The path a core's siblings (its part files, named in `locations`) are looked up beside: `path`
+    as given, unless it is a symbolic link whose directory lacks one of them, then the file the link
+    names (a split core reached through a link in another directory: its parts lie beside the file).
+    A store of links, one per file (a model cache's snapshot of links into its blobs), keeps every
+    part beside the link, named as the core names it, where the file it names has none."""
     path = Path(path)
-    return path.resolve() if path.is_symlink() else path
+    if not path.is_symlink():
+        return path
+    names = {location.file for location in locations.locations if location.file}
+    if all(os.path.lexists(path.parent / name) for name in names):
+        return path
+    return path.resolve()
 
 
 def _read_signed(path: Path) -> tuple[RawCore, core_pb2.CoreBody, tuple[PublicKey, ...]]:
@@ -93,8 +101,8 @@ def load_unverified(path: os.PathLike | str) -> LoadedCore:
 
     For tooling that copies or inspects cores (inspect, relocate, sign); never for serving.
     """
-    path = core_file(path)
-    raw, body, signers = _read_signed(path)
+    raw, body, signers = _read_signed(Path(path))
+    path = core_file(path, body.locations)
     message = parse_payload(body.format_version, body.envelope.payload)
     return _complete(path, raw, body, signers, message, publisher_of(message))
 
@@ -193,9 +201,9 @@ def open_core(
     aes_key: bytes | None = None,
 ) -> Core:
     """Verifies and authorizes the core at `path` and returns it (see the module docstring)."""
-    path = core_file(path)
     trusted = _as_trusted(trusted_keys)
-    raw, body, signers = _read_signed(path)
+    raw, body, signers = _read_signed(Path(path))
+    path = core_file(path, body.locations)
     if not trusted_signers(signers, trusted):
         ids = ", ".join(s.key_id.hex() for s in signers)
         raise UntrustedSignerError(f"no trusted key signed the core (signed by {ids})")
