@@ -178,6 +178,19 @@ def test_a_min_properties_distinct_keys_meet_still_compiles(model, schema, good)
     assert takes(model, model[2].compile(parse_response_format(json_schema(schema))), good)
 
 
+def test_a_tag_syntaxs_parameters_keep_a_top_level_min_properties(model):
+    """A tag syntax writes each declared parameter once: a tool's top-level ``minProperties`` cannot
+    be met by a repeated key there, and its check refused tools that compiled before; as one JSON
+    value (JSON calls, harmony) the arguments may repeat an undeclared key, so it is refused there."""
+    schema = {"type": "object", "properties": {k: {"type": "string"} for k in ("city", "zip", "country")},
+              "minProperties": 2}
+    tool = ToolSchema("f", schema, index=0)
+    assert model[2].first_failure([tool.parameters_request(one_value=False)]) is None
+    assert model[2].first_failure([tool.parameters_request()]) is not None
+    nested = ToolSchema("f", {"type": "object", "properties": {"o": {"type": "object", "minProperties": 2}}}, index=0)
+    assert model[2].first_failure([nested.parameters_request(one_value=False)]) is not None  # a JSON value inside
+
+
 # -- raw string enums of thousands of values -------------------------------------------------------------
 
 
@@ -230,6 +243,19 @@ def test_a_top_level_combinator_a_tag_syntax_cannot_hold_is_a_400(model, keyword
         with pytest.raises(GrammarError, match=f"a top-level {keyword} cannot be held") as info:
             tag_matcher(model, syntax, tool)
         assert info.value.http_status == 400 and info.value.param == "tools[0].function.parameters"
+
+
+@pytest.mark.parametrize("answer", [AnswerKind.FREE, AnswerKind.NONE])
+def test_a_top_level_combinator_in_a_tool_the_model_may_choose_still_compiles(model, answer):
+    """Only the one tool an output must call is refused: a tool beside others (``required`` of
+    several, or ``auto`` with ``parallel_tool_calls: false``) is left as it was (the combinator out)
+    rather than failing a request that may never call it."""
+    _, _, compiler, speller = model
+    other = ToolSchema("g", {"type": "object", "properties": {"x": {"type": "integer"}}}, index=1)
+    for syntax, _ in CALLS.values():
+        policy = CallPolicy((ToolSchema("f", COMBINED["anyOf"], index=0), other), answer, single_call=True)
+        envelope = TagEnvelope(ReasoningState.NO_REASONING, policy)
+        assert compiler.compile_lark(tag_tool_lark(syntax, speller, envelope, compiler.json_options), None)
 
 
 def test_combinators_below_the_top_level_are_still_held(model):

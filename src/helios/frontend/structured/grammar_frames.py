@@ -58,7 +58,8 @@ class FrameGrammar:
         controls = [speller(text) for text in (frames.start_control, frames.message_control, frames.end_message_control)]
         self._start, self._message, self._end = (lark_of(control) for control in controls)
         self._free = free_text(rules, controls)
-        self._calls = CallGrammar(rules, atem_grammar(frames.tools), speller, json_options) if policy else None
+        self._calls = CallGrammar(rules, atem_grammar(frames.tools), speller, json_options,
+                                  forced=policy.forces_one_tool) if policy else None
         self._kinds = self._frame_kinds(text_then(rules, [controls[2]], avoid=controls[:2])[0])
 
     def lark(self, start: FrameStart) -> str:

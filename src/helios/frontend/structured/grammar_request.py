@@ -69,7 +69,8 @@ class OutputConstraints:
                 return None
             with _fault_of("response_format"):
                 return self._answer_only(answer, prompt, reasoning_budget)
-        self._check_tools(calls.tools)
+        syntax = self._syntax  # a tag syntax writes each parameter on its own (`ToolSchema.parameters_request`)
+        self._check_tools(calls.tools, syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS or syntax.has_channels)
         if answer is not None:
             with _fault_of("response_format"):
                 if calls.answer is AnswerKind.STRUCTURED:
@@ -93,14 +94,15 @@ class OutputConstraints:
         with _fault_of("tools"):  # the answer grammar passed its own check above: the calls' grammar failed
             return self._compiler.compile_lark(lark, answer if calls.answer is AnswerKind.STRUCTURED else None)
 
-    def _check_tools(self, tools: Sequence[ToolSchema]) -> None:
+    def _check_tools(self, tools: Sequence[ToolSchema], one_value: bool = True) -> None:
         """GrammarError naming the first tool whose parameters schema cannot constrain its arguments.
         The schemas are checked together (`GrammarCompiler.first_failure`): one cached verdict per
-        tool set, and one bound on the patterns probed for all of them."""
+        tool set, and one bound on the patterns probed for all of them. `one_value`: the syntax writes
+        the arguments as one JSON value (`ToolSchema.parameters_request`)."""
         requests = []
         for tool in tools:
             try:
-                requests.append(tool.parameters_request())
+                requests.append(tool.parameters_request(one_value))
             except GrammarError as error:
                 raise GrammarError(f"tool {tool.name!r} parameters: {error}", tool.param) from None
         failure = self._compiler.first_failure(requests)

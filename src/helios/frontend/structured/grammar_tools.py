@@ -23,7 +23,8 @@ A tool whose parameters schema would constrain the output must compile on its ow
 object schema (OpenAI's rule for ``parameters``), known types, patterns that compile and stay within
 llguidance's limits; unsupported keywords are still ignored (llguidance ``lenient``). Failures are
 `GrammarError`s (HTTP 400) naming the tool; so is a top-level ``anyOf``/``oneOf``/``allOf``, which
-a tag syntax writing one parameter at a time cannot hold (`ToolSchema.unheld_combinator`). JSON
+a tag syntax writing one parameter at a time cannot hold (`ToolSchema.unheld_combinator`), in the one
+tool an output must call (`CallPolicy.forces_one_tool`; in a tool the model may choose it is left out). JSON
 values take the tool's own ``x-guidance`` options (``whitespace_flexible``) over the server's, as in
 JSON-call syntaxes (`CallGrammar._values_of`). Every keyword llguidance implements is enforced, whether
 or not the tool says ``strict``: in JSON values by llguidance, in raw string values ``minLength``,
@@ -115,10 +116,13 @@ class ToolSchema:
         call or harmony grammar wrote arguments such as ``null`` or ``"x"``, which no parser reads."""
         return {**self.parameters, "type": "object"}
 
-    def parameters_request(self) -> GrammarRequest:
+    def parameters_request(self, one_value: bool = True) -> GrammarRequest:
         """The parameters schema as a lenient JSON-schema grammar of an object (what
         `GrammarCompiler.check` tries); GrammarError when its top level is no object schema, or its
-        ``x-guidance`` sets an option a client may not (`grammar_options`)."""
+        ``x-guidance`` sets an option a client may not (`grammar_options`). `one_value`: the syntax
+        writes the arguments as one JSON value (JSON calls, harmony); a tag syntax (False) writes each
+        declared parameter on its own, at most once, so its top level's ``minProperties`` (which it
+        does not hold) is left out of the check: no key of it can be written twice."""
         declared = self.parameters.get("type", "object")
         if declared != "object" and not (isinstance(declared, list) and "object" in declared):
             raise GrammarError(f"must be a JSON schema of type \"object\", not {json.dumps(declared)[:80]}")
@@ -126,7 +130,9 @@ class ToolSchema:
         if error:
             raise GrammarError(error)
         options = {**client_options(self.parameters), "lenient": True}
-        return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({**self.object_parameters, OPTIONS_KEY: options}))
+        schema = self.object_parameters if one_value else {
+            key: value for key, value in self.object_parameters.items() if key != "minProperties"}
+        return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({**schema, OPTIONS_KEY: options}))
 
     def properties(self) -> list[tuple[str, Any, bool]]:
         """(name, schema, required) for each declared property the parsers can read, in order."""
@@ -177,6 +183,11 @@ class CallPolicy:
     answer: AnswerKind
     single_call: bool = False
 
+    @property
+    def forces_one_tool(self) -> bool:
+        """Whether the output must call the one tool (a named ``tool_choice``, or ``required`` with one tool)."""
+        return self.answer is AnswerKind.NONE and len(self.tools) == 1
+
     def __post_init__(self) -> None:
         if not self.tools:
             raise ValueError("a call policy needs at least one callable tool")
@@ -187,7 +198,12 @@ class CallPolicy:
 class CallGrammar:
     """Invocation rules for one tag tool syntax inside one grammar build."""
 
-    def __init__(self, rules: LarkRules, grammar: ToolGrammar, speller: Speller, json_options: Mapping):
+    def __init__(self, rules: LarkRules, grammar: ToolGrammar, speller: Speller, json_options: Mapping,
+                 forced: bool = False):
+        """`forced`: the output must call the one tool (`CallPolicy.forces_one_tool`): a top-level
+        combinator its parameters hold, which this syntax cannot, is then a 400; otherwise it is left
+        out, as the model's own call of a tool it was not forced to call is."""
+        self._forced = forced
         self._rules = rules
         self._g = grammar
         self._spell = speller
@@ -219,7 +235,7 @@ class CallGrammar:
         return self._rules.rule(f"call_{_slug(tool.name)}", " ".join(parts))
 
     def _parameters(self, tool: ToolSchema) -> list[str]:
-        combinator = tool.unheld_combinator()
+        combinator = tool.unheld_combinator() if self._forced else ""
         if combinator:
             raise GrammarError(f"tool {tool.name!r} parameters: a top-level {combinator} cannot be held by this "
                                "model's tool-call syntax, which writes each declared parameter on its own; "
@@ -285,8 +301,8 @@ def tag_tool_lark(syntax: OutputSyntax, speller: Speller, envelope: TagEnvelope,
     if grammar is None:
         raise ValueError(f"{syntax.tool_kind.name} output has no tool-call syntax")
     rules = LarkRules()
-    calls = CallGrammar(rules, grammar, speller, json_options)
     policy = envelope.policy
+    calls = CallGrammar(rules, grammar, speller, json_options, forced=policy.forces_one_tool)
     after_open = _after_opener(rules, calls, policy, syntax.tool_kind in _ONE_CALL_PER_BLOCK)
     tail = rules.rule("calls_tail", f"{after_open} {calls.ws}?")
     think = syntax.think
