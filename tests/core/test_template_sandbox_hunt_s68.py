@@ -22,6 +22,7 @@ def render(source: str) -> str:
     "{% set x = lipsum(20000) %}ok",  # 9 MB built, none of it printed
     "{% set x = lipsum(200, False, 20000, 20001) %}{{ x|length }}",  # 30 MB and seconds of CPU in one call
     "{{ lipsum(1, min=10**5, max=10**5+1) }}",
+    "{% set x = lipsum(2000000, True, -1, 0) %}ok",  # max <= 0 still builds a paragraph each: 18 MB, seconds
 ])
 def test_lipsum_past_the_cap_is_refused_before_it_is_built(source):
     tracemalloc.start()
@@ -77,6 +78,14 @@ def test_urlize_past_the_cap_is_refused_before_it_is_built(source):
     finally:
         tracemalloc.stop()
     assert peak < 8 * BOUNDS.max_chars, peak
+
+
+def test_urlize_of_a_text_past_its_bound_is_refused_before_it_runs():
+    """Without target or rel urlize builds about what it reads, but runs its regexes on every word in
+    one call (one step): a text of the size cap's length took seconds past the CPU bound."""
+    with pytest.raises(RenderLimitExceeded, match="urlize of"):
+        render_bounded(BoundedSandbox().from_string("{% set x = ('a.b ' * 300000)|urlize %}ok"), {},
+                       RenderBounds(max_chars=1 << 24, cpu_seconds=30))
 
 
 def test_urlize_within_the_cap_renders_as_jinja_has_it():

@@ -163,14 +163,17 @@ def _check_width(width: Any) -> None:
 
 
 LOREM_WORD_CHARS = 16  # the longest lorem ipsum word (12), a comma or full stop, a space and a margin
+LOREM_PARAGRAPH_CHARS = 16  # a paragraph's own markup (<p>...</p>, or blank lines) and its full stop
+URLIZE_MAX_CHARS = 1 << 20  # urlize runs its regexes on every word in one call: about 0.6 us a character
 
 
 def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002
     """jinja's `lipsum` global, refused where its paragraphs could pass the cap: one call builds
     `n` paragraphs of up to `max` words (``lipsum(200, False, 20000, 20001)`` took seconds past the
     CPU bound and built 30 MB in a single step, which no step count can stop)."""
-    if _is_int(n) and _is_int(max):
-        _check_size(builtins.max(n, 0) * builtins.max(max, 0) * LOREM_WORD_CHARS, "a lorem ipsum text")
+    if _is_int(n):  # each paragraph at least its markup and a full stop, whatever `max` says (0 or less)
+        words = builtins.max(max, 0) if _is_int(max) else 0
+        _check_size(builtins.max(n, 0) * (words * LOREM_WORD_CHARS + LOREM_PARAGRAPH_CHARS), "a lorem ipsum text")
     return generate_lorem_ipsum(n, html, min, max)
 
 
@@ -255,6 +258,8 @@ def _check_urlize(text: Any, trim_url_limit: Any = None, nofollow: Any = False, 
     """`urlize` writes `target` and `rel` into every link it makes: ``('http://a.com ' * 1000)|
     urlize(target=T)`` built 1,000 copies of T in one call. A link holds a dot, a colon or an @
     inside a word (followed by more of it)."""
+    if isinstance(text, str) and len(text) > URLIZE_MAX_CHARS:
+        raise RenderLimitExceeded(f"urlize of {len(text)} characters (at most {URLIZE_MAX_CHARS} in one call)")
     extra = sum(len(value) for value in (target, rel) if isinstance(value, str))
     if isinstance(text, str) and extra:
         links = sum(1 for _ in _LINK_MARK.finditer(text))
