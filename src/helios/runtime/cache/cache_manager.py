@@ -120,14 +120,15 @@ class CacheManager:
     def _admit_onto(self, req: RequestState, source: int, key: bytes) -> tuple[int, CopyWork] | None:
         """Admit `req` onto a holder's prompt: all but the last prompt token reused (complete pages
         from the prefix cache, the leading tokens of the last token's page copied from the holder's,
-        page `source`, into a private page); one token to compute. None (nothing changed) when a
-        complete page is no longer cached or no page is free."""
+        page `source`, into a private page, followed by the layout's lookahead pages); one token to
+        compute. None (nothing changed) when a complete page is no longer cached or no page is free."""
         num_shared, partial = divmod(req.num_prompt_tokens - 1, self.layout.page_tokens)
         shared = self.pool.cache.lookup(req.chain[:num_shared])
         if len(shared) < num_shared:
             return None
         self.pool.retain(shared)
-        fresh = self.allocate(1)
+        # the last prompt token's page, and the pages a shifted view references past it
+        fresh = self.allocate(self.layout.pages_for(req.num_prompt_tokens) - num_shared)
         if fresh is None:
             self.pool.release(list(reversed(shared)))
             return None
@@ -204,7 +205,7 @@ class CacheManager:
             return snapshot if snapshot is not None and snapshot.ready else None
         if not reuse:
             return None
-        return self.snapshots.find(req.token_ids, req.chain, req.root)
+        return self.snapshots.find(keyed_tokens(req), req.chain, req.root)
 
     def _base(self, snapshot: Snapshot | None, hits: list[int]) -> tuple[list[int], int, int]:
         """(pages to share, complete pages to copy from the host, computed tokens)."""
@@ -365,7 +366,7 @@ class CacheManager:
         key = req.chain[num_complete - 1] if num_complete else req.root
         covered = -(-endpoint // page_tokens)
         owner = req.request_id if residence == Residence.HOST else None
-        result = self.snapshots.capture(tuple(req.token_ids[:endpoint]), key, req.page_ids[:covered],
+        result = self.snapshots.capture(tuple(keyed_tokens(req)[:endpoint]), key, req.page_ids[:covered],
                                         req.slot, owner, residence)
         if result is None:
             return None
@@ -401,13 +402,14 @@ class CacheManager:
         page_tokens = self.layout.page_tokens
         num_complete = endpoint // page_tokens
         self.extend_chain(req, num_complete)
-        probe = self.snapshots.find(req.token_ids[:endpoint + 1], req.chain, req.root)
+        keyed = keyed_tokens(req)
+        probe = self.snapshots.find(keyed[:endpoint + 1], req.chain, req.root)
         if probe is not None and probe.endpoint == endpoint:
             return None  # the same prompt's state is already published
         key = req.chain[num_complete - 1] if num_complete else req.root
         pages = req.page_ids[:-(-endpoint // page_tokens)]
         self.pool.retain(pages)  # the snapshot's own references; the request keeps its pages
-        result = self.snapshots.capture(tuple(req.token_ids[:endpoint]), key, pages, req.slot, None,
+        result = self.snapshots.capture(tuple(keyed[:endpoint]), key, pages, req.slot, None,
                                         Residence.DEVICE)
         if result is None:
             self.pool.release(list(reversed(pages)))

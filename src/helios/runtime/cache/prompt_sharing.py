@@ -14,7 +14,8 @@ same tokens itself. Then it is admitted onto a source's pages (`CacheManager.adm
 - the page holding position P - 1 is a fresh private page whose first (P - 1) % page_tokens tokens
   are copied from the source's page (a PAGE -> PAGE copy that the admitting plan runs ahead of its
   program; the source writes that page only at positions >= P);
-- the member computes one token, position P - 1, and samples its first output with its own seed.
+- the member computes one token, position P - 1, and samples its first output with its own seed
+  (its table also takes the layout's lookahead pages after that page, as any table covering P does).
 
 So n members compute P + (n - 1) prompt tokens and take ceil(P / page_tokens) + (n - 1) pages at
 admission, where separate prefills compute n * P tokens and take n * ceil(P / page_tokens) pages. (Should a complete page have been evicted meanwhile, the member is

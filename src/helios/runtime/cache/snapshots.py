@@ -68,7 +68,7 @@ class Snapshot:
     """One checkpoint. Mutated only by `SnapshotStore`."""
 
     snapshot_id: int
-    token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]  # keyed (`cache_manager.keyed_tokens`): an image's tokens by its content hash
     key: bytes  # chain digest of its last complete page (the root digest when it has none)
     owner: str | None  # the preempted request it belongs to, or None when published
     residence: Residence
@@ -227,7 +227,9 @@ class SnapshotStore:
 
     def find(self, token_ids: Sequence[int], chain: Sequence[bytes], root: bytes) -> Snapshot | None:
         """The ready published snapshot with the longest endpoint < len(token_ids) that is a
-        prefix of `token_ids`. `chain` holds the digests of the complete pages of `token_ids`."""
+        prefix of `token_ids`. `chain` holds the digests of the complete pages of `token_ids`; the
+        ids are keyed as the chain is (image feature tokens by their image's content hash), so a
+        tail of equal placeholder ids from another image never matches."""
         if not self._index:  # nothing published: no page of the chain need be looked up
             return None
         page_tokens = self._layout.page_tokens

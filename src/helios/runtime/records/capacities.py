@@ -277,6 +277,16 @@ def _validate(caps: Capacities) -> None:
     for name, value in positive.items():
         if value <= 0:
             raise LoadError(f"capacity {name} must be positive, got {value}")
+    counts = {  # optional pools: 0 means none (a negative one would silently hold nothing)
+        "cache.num_continuation_rows": geometry.num_continuation_rows,
+        "cache.num_host_slots": geometry.num_host_slots,
+        "cache.num_window_pages": geometry.num_window_pages,
+    }
+    for name, value in counts.items():
+        if value < 0:
+            raise LoadError(f"capacity {name} must not be negative, got {value}")
+    if caps.queue_capacity <= 0:
+        raise LoadError(f"capacity queue_capacity must be positive, got {caps.queue_capacity}")
     if geometry.max_pages_per_request > geometry.num_pages:
         raise LoadError("cache.max_pages_per_request exceeds cache.num_pages")
     if bool(geometry.layout.window_region) != (geometry.num_window_pages > 0):
