@@ -171,3 +171,11 @@ def test_a_closed_standard_error_keeps_failed_prompts_out_of_the_output(core, mo
     code, out, _ = run_cli(capsys, "generate", core.path, "--accept", core.namespace, "--trust", core.public_key,
                            "--prompt-ids", "[[5, 6, 7]]")
     assert code == 9 and out == "\n"
+
+
+def test_a_closed_standard_error_keeps_the_error_line_out_of_the_output(core, no_load, monkeypatch, capsys):
+    """A command's one error line went to standard output when standard error was closed."""
+    monkeypatch.setattr(sys, "stderr", None)
+    code, out, _ = run_cli(capsys, "generate", core.path, "--accept", core.namespace, "--trust", core.public_key,
+                           "--prompt-ids", "[[5, 6, 7]]", "--max-tokens", "0")
+    assert code == 2 and out == ""

@@ -310,3 +310,16 @@ def test_a_model_marked_unhealthy_by_its_executor_dies_naming_why():
         messages.append(ours.recv())
     (died,) = [m for m in messages if isinstance(m, Died)]
     assert "executor failed" in died.failure and "tensor-parallel" in died.failure
+
+
+def test_a_compile_dropped_as_the_process_stops_ends_its_request_cancelled():
+    """`EngineGrammars.close` cancels the compiles not begun: their requests end CANCELLED, as the
+    held ones do (they ended ERROR, "request failed on the model worker: CancelledError")."""
+    with recording_link() as (ours, engine, compiles):
+        received = Received(ours)
+        ours.send(Admit(grammar_spec("dropped"), "dropped grammar"))
+        received.until(lambda _: "dropped grammar" in compiles)
+        compiles["dropped grammar"].cancel()
+        received.until(finished("dropped"))
+        assert received.finishes()["dropped"].reason is FinishReason.CANCELLED
+    assert ("submit", "dropped") not in [call[:2] for call in engine.calls]

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # importing the command modules (torch among them) takes seconds: Ctrl-C here is one line too
         parser = build_parser(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt:
-        print("helios: interrupted", file=sys.stderr)
+        print("helios: interrupted", file=_stderr())
         return 130
     args, extra = parser.parse_known_args(argv)
     if extra:
@@ -94,18 +94,24 @@ def main(argv: list[str] | None = None) -> int:
         text = str(error)
         if isinstance(error, MissingAeadKeyError) and hasattr(args, "aes_key"):
             text += "; give it with --aes-key FILE"
-        print(f"helios {args.command}: error: {printable_line(text)}", file=sys.stderr)
+        print(f"helios {args.command}: error: {printable_line(text)}", file=_stderr())
         return error.exit_code
     except OSError as error:  # a file the command cannot read or write: one line, no traceback
         where = f": {error.filename}" if error.filename else ""
-        print(f"helios {args.command}: error: {printable_line(f'{error.strerror or error}{where}')}", file=sys.stderr)
+        print(f"helios {args.command}: error: {printable_line(f'{error.strerror or error}{where}')}", file=_stderr())
         return 1
     except KeyboardInterrupt:
-        print(f"helios {args.command}: interrupted", file=sys.stderr)
+        print(f"helios {args.command}: interrupted", file=_stderr())
         return 130
     except Terminated as stop:  # SIGTERM while writing a file (`helios.cli.termination`): its temporary file removed
-        print(f"helios {args.command}: terminated", file=sys.stderr)
+        print(f"helios {args.command}: terminated", file=_stderr())
         return stop.exit_code
+
+
+def _stderr():
+    """Standard error, or a sink where the command was started with it closed (``2>&-``): `print`
+    with ``file=None`` writes to standard output, among the command's output."""
+    return sys.stderr if sys.stderr is not None else open(os.devnull, "w")  # noqa: SIM115 - one line, then exit
 
 
 def printable_line(text: str) -> str:

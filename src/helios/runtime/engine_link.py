@@ -497,6 +497,9 @@ class _Compiling:
             held = self._held.pop(request_id, None)
             if held is None:  # cancelled, or the loop ended (`close`), while it compiled
                 return
+            if done.cancelled():  # the compiles dropped as the process stops (`EngineGrammars.close`)
+                self._end(held.spec, FinishReason.CANCELLED, "the model worker shut down")
+                return
             try:
                 grammar = done.result()
             except Exception as error:  # noqa: BLE001 - this request fails alone
