@@ -84,6 +84,18 @@ def is_scoring(req: RequestState) -> bool:
     return req.spec.score_prompt and req.num_output_tokens == 0
 
 
+def _drafts_drawn(lanes: list[tuple[RequestState, int, int]]) -> bool:
+    """Whether a decoding lane speculates with drawn (sampled) proposals. Device prefix allocation
+    admits a proposal by its own confidence, a function of the draw that proposed it; where lanes
+    compete for P, verifying a drawn proposal only when it came out likely skews a sampled lane's
+    tokens away from the target's distribution (the bonus draw after the last verified position
+    shares that draw's uniform too). So a round holding such a lane keeps its ceilings within P,
+    which the allocation then grants whole, independently of any confidence; a greedy lane's
+    proposals are functions of its history, so greedy lanes compete."""
+    return any(kind == DECODE and not req.spec.sampling.is_greedy and not req.spec.single_lane
+               for req, _, kind in lanes)
+
+
 class StepBuilder:
     def __init__(self, caps: Capacities, policy: SchedulerPolicy, cache: CacheManager,
                  slots: SlotTable, queues: RequestQueues):
@@ -192,10 +204,10 @@ class StepBuilder:
             draft.variant = self.caps.select(operation, count, count)
             require(draft.variant is not None, "no speculative program holds the decode cohort")
             lane_limit = draft.variant.lane_limit
-            if draft.variant.length_source == LengthSource.PREFIX_LIMIT:
+            if draft.variant.length_source == LengthSource.PREFIX_LIMIT and not _drafts_drawn(lanes):
                 max_tokens = count * lane_limit
-            else:  # exact lengths: the lanes' tokens must fit the chosen program's P (below B x W
-                max_tokens = draft.variant.packed_token_capacity  # when prepared with --packed-per-lane)
+            else:  # exact lengths (or ceilings granted whole, `_drafts_drawn`): the lanes' tokens must fit
+                max_tokens = draft.variant.packed_token_capacity  # the program's P (below B x W with --packed-per-lane)
         for req, ahead, kind in lanes:
             if len(draft.rows) >= max_rows:
                 break
