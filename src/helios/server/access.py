@@ -8,8 +8,9 @@ OpenAI-style error body before their body is read. ``/health``, ``/metrics`` and
 
 `AccessLog`: one line per HTTP request on the ``helios.access`` logger, written when the response
 ended (a stream: after its last chunk): client, method, path, status, prompt and completion tokens,
-finish reason, latency and time to first token (milliseconds), and the request's ``user``. The
-path is bounded (`helios.server.echo`) and escaped like ``user``: quotes, controls and every other
+finish reason, latency and time to first token (milliseconds; the first output token of any choice),
+and the request's ``user``. The path is bounded (`helios.server.echo`) and escaped like ``user``:
+quotes, controls and every other
 character that is not printable (U+0085, U+2028 and U+2029, which line-splitting readers take for
 line ends, and format characters such as U+202E) are escaped, so one request is one line. A
 request whose client went away before its response started (it disconnected while sending its
@@ -135,8 +136,9 @@ def access_line(scope: Scope, status: int, record: RequestRecord) -> str:
         fields.append(f"prompt_tokens={totals[0]} completion_tokens={totals[1]} finish={totals[2]}")
         if record.choices:
             fields.append(f"choices={1 + len(record.choices)}")
-    if record.first_token_s is not None:
-        fields.append(f"ttft_ms={(record.first_token_s - record.arrival_s) * 1000.0:.1f}")
+    first_token_s = [r.first_token_s for r in (record, *record.choices) if r.first_token_s is not None]
+    if first_token_s:  # the request's first output token, of any choice (as the TTFT histogram times it)
+        fields.append(f"ttft_ms={(min(first_token_s) - record.arrival_s) * 1000.0:.1f}")
     fields.append(f"latency_ms={latency_ms:.1f}")
     if record.model_name:
         fields.append(f"model={record.model_name}")

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from helios.runtime.records.stats import StatsSnapshot
 from helios.server.access import CLIENT_CLOSED_REQUEST
+from helios.server.responses import ClientGone
 
 
 class _RuntimeCollector:
@@ -103,12 +104,14 @@ class ServerMetrics:
 
 
 class ResponseCounter:
-    """ASGI middleware counting HTTP responses by endpoint and status. Paths outside `endpoints`
-    (a fixed path -> label map) count as "other", so labels stay a small fixed set. A request whose
-    client went away before its response started (it disconnected while its answer was computed)
-    counts as 499, as the access log writes it, whether or not the application then answered. One
-    the application raised for before its response started counts as 500: the server's error
-    handler, outside this middleware, answers it."""
+    """ASGI middleware counting HTTP responses by endpoint and status, one per request, the status
+    the access log writes (`helios.server.access`). Paths outside `endpoints` (a fixed path -> label
+    map) count as "other", so labels stay a small fixed set. A request whose client went away before
+    its response started (it disconnected while its answer was computed, or the response's first
+    write failed: found the client gone, or timed out) counts as 499, whether or not the application
+    then answered. One the application raised for before its response started (other than
+    `ClientGone`, which the `ClientGoneGuard` outside ends quietly), or that it left unanswered,
+    counts as 500: the server's error handler, or the server, outside this middleware, answers it."""
 
     def __init__(self, app: ASGIApp, counter: Counter, endpoints: Mapping[str, str]):
         self.app = app
@@ -122,6 +125,12 @@ class ResponseCounter:
         endpoint = self._endpoints.get(scope["path"], "other")
         is_client_gone = is_counted = False
 
+        def count(status: int) -> None:
+            nonlocal is_counted
+            if not is_counted:
+                is_counted = True
+                self._counter.labels(endpoint, str(status)).inc()
+
         async def noting_receive() -> Message:
             nonlocal is_client_gone
             message = await receive()
@@ -130,18 +139,23 @@ class ResponseCounter:
             return message
 
         async def counting_send(message: Message) -> None:
-            nonlocal is_counted
-            if message["type"] == "http.response.start" and not is_counted:
-                is_counted = True
-                status = CLIENT_CLOSED_REQUEST if is_client_gone else message["status"]
-                self._counter.labels(endpoint, str(status)).inc()
-            await send(message)
+            nonlocal is_client_gone
+            if message["type"] != "http.response.start" or is_counted:
+                await send(message)
+                return
+            try:
+                await send(message)
+            except BaseException:
+                is_client_gone = True  # the answer went nowhere: 499, unless the application raises on
+                raise
+            count(CLIENT_CLOSED_REQUEST if is_client_gone else message["status"])
 
         try:
             await self.app(scope, noting_receive, counting_send)
-        except Exception:
-            if not is_counted:  # answered 500 outside this middleware (Starlette's ServerErrorMiddleware)
-                self._counter.labels(endpoint, "500").inc()
+        except ClientGone:  # a write found the client gone: ended quietly outside, as a disconnect
+            count(CLIENT_CLOSED_REQUEST)
             raise
-        if not is_counted and is_client_gone:  # gone before any answer, and none was sent
-            self._counter.labels(endpoint, str(CLIENT_CLOSED_REQUEST)).inc()
+        except BaseException:  # answered 500 outside this middleware (Starlette's ServerErrorMiddleware)
+            count(500)
+            raise
+        count(CLIENT_CLOSED_REQUEST if is_client_gone else 500)  # no answer: gone, or the server's 500
