@@ -137,6 +137,18 @@ def test_sign_in_place_through_a_link_signs_the_core_it_names(small_core, tmp_pa
     assert co.key_id in {signer.key_id for signer in load_unverified(small_core).signers}
 
 
+def test_a_core_signed_or_relocated_in_place_keeps_its_mode(small_core, tmp_path, capsys):
+    """The core written in place took the umask's mode (0644), whatever the file it replaced had."""
+    core = tmp_path / "own.core"
+    core.write_bytes(small_core.read_bytes())
+    core.chmod(0o640)
+    write_key_pair(tmp_path / "co.key", SigningKey.generate())
+    assert run(capsys, "sign", core, "--key", tmp_path / "co.key")[0] == 0
+    assert core.stat().st_mode & 0o777 == 0o640
+    assert run(capsys, "relocate", core, "-o", core)[0] == 0
+    assert core.stat().st_mode & 0o777 == 0o640
+
+
 def test_a_split_core_reached_through_a_link_finds_its_parts_beside_the_file(tmp_path, capsys):
     """Parts were looked up beside the link, not beside the core file they were written with."""
     from .builders import build_core, random_bytes

@@ -10,6 +10,7 @@ every temporary file is removed.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO
@@ -34,6 +35,16 @@ def _umask() -> int:
 FILE_MODE = 0o666 & ~_umask()  # what `open` makes a new file (the umask read without changing it)
 
 
+def _mode_of(final: Path) -> int:
+    """The permission bits a file written to `final` gets: those of the file it replaces (a core
+    signed or relocated in place keeps its mode, as `helios contract encode`'s output does), else what
+    `open` would have made a new file."""
+    try:
+        return stat.S_IMODE(os.stat(final).st_mode)
+    except OSError:
+        return FILE_MODE
+
+
 class _PendingFile:
     """A temporary file beside `final` under an unpredictable name, created exclusively (mode 0600
     until renamed): a file someone placed there beforehand can neither collide with nor be
@@ -46,7 +57,7 @@ class _PendingFile:
         self.handle: BinaryIO = os.fdopen(fd, "wb")
 
     def finish(self) -> None:
-        os.fchmod(self.handle.fileno(), FILE_MODE)  # what `open` would have made, not mkstemp's 0600
+        os.fchmod(self.handle.fileno(), _mode_of(self.final))  # not mkstemp's 0600
         self.handle.flush()
         os.fsync(self.handle.fileno())
         self.handle.close()
