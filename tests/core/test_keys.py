@@ -118,3 +118,7 @@ def test_envelope_signature_order_is_canonical():
     doubled.signatures.extend([envelope.signatures[0], envelope.signatures[0]])
     with pytest.raises(BadSignatureError):
         check_signatures(2, doubled)
+    # inspect reports the signature that breaks the order as not verifying (it said "valid" to both)
+    assert [ok for _, ok in signature_reports(2, swapped)] == [True, False]
+    assert [ok for _, ok in signature_reports(2, doubled)] == [True, False]
+    assert [ok for _, ok in signature_reports(2, envelope)] == [True, True]

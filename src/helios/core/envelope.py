@@ -75,15 +75,20 @@ def check_signatures(
 def signature_reports(
     format_version: int, envelope: core_pb2.SignedEnvelope
 ) -> tuple[tuple[bytes, bool], ...]:
-    """(key id, verifies) for each signature, without raising; for unverified inspection."""
+    """(key id, verifies) for each signature, without raising; for unverified inspection. A signature
+    whose key id does not follow the one before in strictly increasing order (a duplicate, or out of
+    order) is reported as not verifying, since `check_signatures` refuses the core for it."""
     message = signed_message(format_version, envelope.payload)
     reports = []
+    previous = None
     for entry in envelope.signatures:
         is_valid = (
             entry.algorithm == core_pb2.SIGNATURE_ALGORITHM_ED25519
             and len(entry.public_key) == 32
             and entry.key_id == key_id_of(entry.public_key)
+            and (previous is None or previous < entry.key_id)
             and PublicKey(bytes(entry.public_key)).verify(entry.signature, message)
         )
-        reports.append((bytes(entry.key_id), is_valid))
+        previous = bytes(entry.key_id)
+        reports.append((previous, is_valid))
     return tuple(reports)
