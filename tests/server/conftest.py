@@ -31,3 +31,21 @@ def app(served):
     from helios.server.app import create_app
 
     return create_app(served)
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory):
+    """The shared tiny prepared core (`support.server_core.tiny_core`); a module may define its own."""
+    from support.server_core import tiny_core
+
+    return tiny_core(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(core) -> bytes:
+    """`core`'s tokenizer.json bytes, as the engine process reads them."""
+    from helios.core.reader import open_core
+    from helios.runtime.loading.model import resource_of_kind
+
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    return opened.read_resource(resource_of_kind(opened, "TOKENIZER"))

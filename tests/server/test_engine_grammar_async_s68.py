@@ -23,10 +23,9 @@ from concurrent.futures import Future
 import pytest
 from tokenizers import Tokenizer
 
-from helios.core.reader import open_core
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarError, GrammarKind, GrammarRequest
 from helios.runtime.engine_link import Admit, Batch, Died, Shutdown, batch_of, serve_link, stats_of
-from helios.runtime.loading.model import LoadOptions, resource_of_kind
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.outlet import Cancel, StopMatched
 from helios.runtime.records.events import FinishEvent, FinishReason
 from helios.runtime.records.request import RequestSpec
@@ -34,7 +33,6 @@ from helios.runtime.records.stats import WorkerStats
 from helios.runtime.service import RuntimeOptions
 from helios.server import engine_process
 from helios.server.engine_process import CoreSource
-from support.server_core import tiny_core
 
 WAIT_S = 30  # a hang guard: every wait below ends as soon as what it waits for happens
 HOLD_S = 3 * WAIT_S  # a held compile's own guard: past any wait of the test's, so what fails is the test's wait
@@ -42,15 +40,9 @@ PROMPT = (5, 6, 7)
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory):
-    return tiny_core(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
-def grammar_source(core) -> str:
+def grammar_source(tokenizer_json) -> str:
     """A grammar source as the serving process writes it for this core's tokenizer."""
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    tokenizer = Tokenizer.from_str(opened.read_resource(resource_of_kind(opened, "TOKENIZER")).decode("utf-8"))
+    tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
     serving = GrammarCompiler.from_tokenizer(tokenizer, vocab_size=tokenizer.get_vocab_size(), eos_token_ids=(0,))
     return serving.grammar_text(GrammarRequest(GrammarKind.REGEX, "[ab]+"))
 

@@ -15,30 +15,17 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from helios.core.reader import open_core
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarKind, GrammarRequest
 from helios.runtime.engine_link import Shutdown
 from helios.runtime.feedback import TensorGrammar
-from helios.runtime.loading.model import LoadOptions, resource_of_kind
+from helios.runtime.loading.model import LoadOptions
 from helios.runtime.service import RuntimeOptions
 from helios.server import engine_process
 from helios.server.engine_grammars import EngineGrammars, GrammarCompilerUnavailableError
 from helios.server.engine_process import CoreSource
-from support.server_core import tiny_core
 
 SCHEMA = '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}'
 WAIT_S = 60  # a hang guard: every wait below ends as soon as what it waits for happens
-
-
-@pytest.fixture(scope="module")
-def core(tmp_path_factory):
-    return tiny_core(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
-def tokenizer_json(core) -> bytes:
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    return opened.read_resource(resource_of_kind(opened, "TOKENIZER"))
 
 
 @pytest.fixture(scope="module")
