@@ -25,14 +25,12 @@ from tokenizers import Tokenizer
 
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarError, GrammarKind, GrammarRequest
 from helios.runtime.engine_link import Admit, Batch, Died, Shutdown, batch_of, serve_link, stats_of
-from helios.runtime.loading.model import LoadOptions
 from helios.runtime.outlet import Cancel, StopMatched
 from helios.runtime.records.events import FinishEvent, FinishReason
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.records.stats import WorkerStats
-from helios.runtime.service import RuntimeOptions
 from helios.server import engine_process
-from helios.server.engine_process import CoreSource
+from support.engine_thread import start_engine_main
 
 WAIT_S = 30  # a hang guard: every wait below ends as soon as what it waits for happens
 HOLD_S = 3 * WAIT_S  # a held compile's own guard: past any wait of the test's, so what fails is the test's wait
@@ -68,13 +66,7 @@ def engine_main(core, monkeypatch):
     """The engine process's main on a thread of this process; yields (its main thread, the serving side's pipe
     end, the held compiles) once it reported ready. Compiles are released on the way out."""
     held = HeldCompiles(monkeypatch)
-    monkeypatch.setattr(engine_process, "freeze_startup_heap", lambda: None)
-    monkeypatch.setattr(engine_process, "hold_freed_memory", lambda: None)
-    ours, theirs = multiprocessing.Pipe()
-    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
-    options = RuntimeOptions(LoadOptions(cpu_kernels=False), queue_capacity=4)
-    main = threading.Thread(target=engine_process._engine_main, args=(theirs, source, options, None, threading.Event()))
-    main.start()
+    main, ours = start_engine_main(core, monkeypatch)
     try:
         assert ours.poll(WAIT_S) and isinstance(ours.recv(), engine_process._Ready)
         yield main, ours, held

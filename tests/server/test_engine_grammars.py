@@ -6,7 +6,6 @@ engine process are tests/server/test_engine_process.py's."""
 
 from __future__ import annotations
 
-import multiprocessing
 import subprocess
 import sys
 import threading
@@ -18,11 +17,9 @@ from tokenizers import Tokenizer
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarKind, GrammarRequest
 from helios.runtime.engine_link import Shutdown
 from helios.runtime.feedback import TensorGrammar
-from helios.runtime.loading.model import LoadOptions
-from helios.runtime.service import RuntimeOptions
 from helios.server import engine_process
 from helios.server.engine_grammars import EngineGrammars, GrammarCompilerUnavailableError
-from helios.server.engine_process import CoreSource
+from support.engine_thread import start_engine_main
 
 SCHEMA = '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}'
 WAIT_S = 60  # a hang guard: every wait below ends as soon as what it waits for happens
@@ -86,13 +83,7 @@ def test_a_build_never_started_is_an_error_not_a_wait(tokenizer_json, vocab_size
 def test_the_engine_process_reports_ready_while_its_grammar_compiler_is_built(core, monkeypatch):
     # The engine process's main on a thread of this process, its pipe's other end here.
     release = _held_build(monkeypatch)
-    monkeypatch.setattr(engine_process, "freeze_startup_heap", lambda: None)
-    monkeypatch.setattr(engine_process, "hold_freed_memory", lambda: None)
-    ours, theirs = multiprocessing.Pipe()
-    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
-    options = RuntimeOptions(LoadOptions(cpu_kernels=False), queue_capacity=4)
-    main = threading.Thread(target=engine_process._engine_main, args=(theirs, source, options, None, threading.Event()))
-    main.start()
+    main, ours = start_engine_main(core, monkeypatch)
     try:
         assert ours.poll(WAIT_S)
         assert isinstance(ours.recv(), engine_process._Ready)  # sent while the build is held
