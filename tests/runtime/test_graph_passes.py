@@ -33,3 +33,32 @@ def test_same_dtype_conversions_and_their_checks_are_removed_and_the_results_are
     for got, want in zip(after, before):
         assert got.dtype == want.dtype and torch.equal(got, want)
     assert drop_no_op_nodes(module) == 0  # idempotent
+
+
+_COPY_A_GRAPH = """
+import copy, warnings, torch
+import helios.runtime.loading  # its import installs the filter
+
+class Add(torch.nn.Module):
+    def forward(self, x, y):
+        return x + y
+
+module = torch.export.export(Add(), (torch.ones(2), torch.ones(2))).module()
+with warnings.catch_warnings(record=True) as caught:  # the filters as they are; each shown again
+    copy.deepcopy(module.graph)
+    warnings.warn("a FutureWarning of another kind", FutureWarning)
+print(repr([str(w.message) for w in caught]))
+"""
+
+
+def test_copying_a_programs_graph_warns_nothing():
+    """Loading rewrites copies of programs' graphs; torch's copy of the graph's pytree specs raised a
+    FutureWarning (`isinstance(treespec, LeafSpec)` is deprecated) that reached a served start's
+    terminal. Importing the loading room silences that message only (in a fresh interpreter: pytest
+    resets the warning filters around each test)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _COPY_A_GRAPH], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr(["a FutureWarning of another kind"])
