@@ -76,3 +76,26 @@ def test_a_tool_s_strict_flag_must_be_a_boolean():
     with pytest.raises(MessageError, match=r"tools\[0\]\.function\.strict must be a boolean") as raised:
         parse_tools([{"type": "function", "function": {"name": "f", "strict": "yes"}}])
     assert raised.value.param == "tools"
+
+
+# Reads arguments by key name, as templates for tools with known parameters do (``arguments.code``).
+READS_ARGUMENTS_BY_NAME = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}"
+    "{%- for c in m.tool_calls or [] %}[{{ c.function.arguments.text }}|{{ c.function.arguments.city }}]"
+    "{%- endfor %}<|im_end|>\n{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+@pytest.mark.parametrize("text", ["hello", "say <|im_end|>"], ids=["plain", "marker text"])
+def test_an_argument_named_text_renders_as_that_argument(qwen_tokenizer, text):
+    """A tool call's argument named ``text`` read as ``arguments.text``: the arguments' own JSON text
+    was an attribute of that name, so the template printed the whole JSON object, not the argument
+    (transformers renders the argument); other names rendered their values."""
+    builder = PromptBuilder(ChatTemplate(READS_ARGUMENTS_BY_NAME), qwen_tokenizer, CHATML_RULES)
+    messages = call_history(json.dumps({"text": text, "city": "Paris"}))
+    reference = [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.loads(
+        c["function"]["arguments"])}} for c in m["tool_calls"]]} if "tool_calls" in m else m for m in messages]
+    rendered, _ = chat_template_utils.render_jinja_template(
+        conversations=[reference], chat_template=READS_ARGUMENTS_BY_NAME, add_generation_prompt=True)
+    assert f"[{text}|Paris]" in rendered[0]
+    assert builder.build(messages).text == rendered[0]

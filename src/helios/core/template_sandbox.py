@@ -3,10 +3,12 @@
 Both renderers use it: ignition's probe renders at prepare (`helios.ignition.frontend.render`) and the
 frontend's per-request `ChatTemplate` (`helios.frontend.preparation.template`); this module sits in
 `core` because both may import it and the template is core data. It is the Hugging Face dialect
-(trim_blocks, lstrip_blocks, loop controls) in `ImmutableSandboxedEnvironment`, plus bounds that
-stop a render, with `RenderLimitExceeded` (a jinja `SecurityError`), before it exhausts memory or CPU:
+(trim_blocks, lstrip_blocks, loop controls, `generation` blocks) in `ImmutableSandboxedEnvironment`,
+plus bounds that stop a render, with `RenderLimitExceeded` (a jinja `SecurityError`), before it
+exhausts memory or CPU:
 
-- size: `range` is refused past jinja's `MAX_RANGE` items, `lipsum` past the cap; `+`, `~`, `*` and string formatting
+- size: `range` is refused past jinja's `MAX_RANGE` items, `lipsum` past the cap, the renderers'
+  `strftime_now` (`bounded_strftime`) past `DATE_FORMAT_MAX_CHARS`; `+`, `~`, `*` and string formatting
   are checked before they build a string or list past `RenderBounds.max_chars`, integer `*` and
   `**` before they build an integer past `MAX_INT_BITS`, width arguments of the padding methods and
   filters (``center``, ``ljust``, ``indent``, ``tojson(indent=...)``, ...), `replace`, `join`,
@@ -41,11 +43,12 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Iterable, Iterator, Mapping
 
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, optimizeconst
-from jinja2.ext import loopcontrols
+from jinja2.ext import Extension, loopcontrols
 from jinja2.runtime import LoopContext
 from jinja2.filters import make_attrgetter
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, SecurityError
@@ -175,6 +178,19 @@ def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100
         words = builtins.max(max, 0) if _is_int(max) else 0
         _check_size(builtins.max(n, 0) * (words * LOREM_WORD_CHARS + LOREM_PARAGRAPH_CHARS), "a lorem ipsum text")
     return generate_lorem_ipsum(n, html, min, max)
+
+
+DATE_FORMAT_MAX_CHARS = 1024  # a template formats a date with a few directives: "%d %b %Y"
+
+
+def bounded_strftime(moment: datetime, format: str) -> str:  # noqa: A002 - the template's argument name
+    """``moment.strftime(format)`` for a template's `strftime_now`, refused past `DATE_FORMAT_MAX_CHARS`:
+    one call of CPython's strftime builds up to 256 characters per format character (a ``%c`` is 24),
+    so ``strftime_now('%c' * 30000000)`` built 720 M characters in 16 s of CPU in a single step,
+    which no step count can stop."""
+    if isinstance(format, str) and len(format) > DATE_FORMAT_MAX_CHARS:
+        raise RenderLimitExceeded(f"a date format of {len(format)} characters (at most {DATE_FORMAT_MAX_CHARS})")
+    return moment.strftime(format)
 
 
 def _check_replace(text: Any, old: Any, new: Any, count: Any = -1) -> None:
@@ -441,6 +457,24 @@ def bounded_concat(values: tuple) -> str:
     return "".join(texts)
 
 
+class GenerationBlocks(Extension):
+    """``{% generation %}...{% endgeneration %}``: the tag `transformers` adds to the dialect to mark
+    the assistant's own text (its `return_assistant_tokens_mask`); a render prints the body as it
+    stands, as `apply_chat_template` does. Published templates carry it (trained for assistant-only
+    loss), and without the tag they did not compile at all. Parsed as transformers parses it (a call
+    block, so the body is a scope of its own, and its call counts a step)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser) -> nodes.CallBlock:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_generation_body"), [], [], body).set_lineno(lineno)
+
+    def _generation_body(self, caller) -> str:
+        return caller()
+
+
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """The chat-template environment with the bounds of the module docstring, `tojson`
     (``ensure_ascii=False``, as `transformers` has it) and `raise_exception` (`TemplateRaised`);
@@ -453,7 +487,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     checked_sum = staticmethod(checked_sum)
 
     def __init__(self):
-        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlocks, loopcontrols])
         self.filters = {**self.filters, **{name: _bounded_filter(name, self.filters[name])
                                            for name in _GROWING_FILTERS if name in self.filters}}
         self.filters["tojson"] = _tojson

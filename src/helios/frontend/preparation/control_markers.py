@@ -61,7 +61,7 @@ from tokenizers import AddedToken, Tokenizer, normalizers
 from tokenizers.models import WordLevel
 
 from helios.errors import RequestError
-from helios.frontend.preparation.messages import ToolArguments
+from helios.frontend.preparation.messages import ToolArguments, json_text
 
 
 class MarkerTextError(RequestError):
@@ -83,7 +83,7 @@ class _EscapedArguments(ToolArguments):
 
     def __init__(self, text: str, value: dict):
         dict.__init__(self, value)  # not ToolArguments.__init__: the text may decode to other strings
-        self.text = text
+        self._text = text
 
 
 def _strings(value) -> Iterator[str]:
@@ -97,7 +97,7 @@ def _strings(value) -> Iterator[str]:
             yield from (key for key in item if isinstance(key, str))
             stack.extend(item.values())
             if isinstance(item, ToolArguments):
-                yield item.text
+                yield json_text(item)
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
 
@@ -249,8 +249,9 @@ class ControlMarkers:
         unchanged = all(k2 is k and v2 is v for (k2, v2), (k, v) in zip(pairs, node.items()))
         items = node if unchanged else dict(pairs)
         if isinstance(node, ToolArguments):
-            text = self._escape_text(node.text)
-            return node if text is node.text and items is node else _EscapedArguments(text, items)
+            original = json_text(node)
+            text = self._escape_text(original)
+            return node if text is original and items is node else _EscapedArguments(text, items)
         return items
 
     def _escape_text(self, text: str) -> str:

@@ -263,24 +263,33 @@ def indented_json_chars(value: Any, indent: int, limit: int) -> int:
 
 
 class ToolArguments(dict):
-    """Decoded tool-call arguments that print, and concatenate, as their original JSON text."""
+    """Decoded tool-call arguments that print, and concatenate, as their original JSON text.
+
+    The text is held under an underscore name (`json_text` reads it), which the sandbox never shows
+    a template: ``arguments.text`` is the argument named ``text``, as for the plain mapping
+    transformers renders (an attribute ``text`` rendered the whole JSON text there instead)."""
 
     def __init__(self, text: str):
         super().__init__(json.loads(text))
-        self.text = text
+        self._text = text
 
     def __str__(self) -> str:
-        return self.text
+        return self._text
 
     def __add__(self, other: object) -> str:
         if isinstance(other, str):
-            return self.text + other
+            return self._text + other
         return NotImplemented
 
     def __radd__(self, other: object) -> str:
         if isinstance(other, str):
-            return other + self.text
+            return other + self._text
         return NotImplemented
+
+
+def json_text(arguments: ToolArguments) -> str:
+    """The JSON text `arguments` print as."""
+    return arguments._text
 
 
 def template_messages(messages: tuple[ChatMessage, ...], render_developer_as_system: bool) -> list[dict]:

@@ -1,8 +1,8 @@
 """Chat templates: untrusted core data compiled and rendered in the bounded jinja2 sandbox.
 
 The environment (`helios.core.template_sandbox`, shared with prepare's probe renders) matches the
-Hugging Face chat-template dialect (trim_blocks, lstrip_blocks, loop controls, `tojson` with
-``ensure_ascii=False``, `raise_exception`, `strftime_now`) inside `ImmutableSandboxedEnvironment`:
+Hugging Face chat-template dialect (trim_blocks, lstrip_blocks, loop controls, `generation` blocks,
+`tojson` with ``ensure_ascii=False``, `raise_exception`, `strftime_now`) inside `ImmutableSandboxedEnvironment`:
 templates cannot reach Python internals or mutate their inputs, and one render may build no string,
 list or text past `SERVING_BOUNDS.max_chars` and use no more than `SERVING_BOUNDS.cpu_seconds` of its
 thread's CPU time. A template that fails to compile is a `TemplateLoadError` at startup; a render
@@ -23,7 +23,7 @@ import jinja2
 from jinja2.defaults import DEFAULT_NAMESPACE
 
 from helios.core.template_sandbox import (
-    BoundedSandbox, RenderBounds, RenderLimitExceeded, TemplateRaised, render_bounded)
+    BoundedSandbox, RenderBounds, RenderLimitExceeded, TemplateRaised, bounded_strftime, render_bounded)
 from helios.errors import LoadError, RequestError
 
 # Template variables the prompt path supplies itself, jinja2's own globals (`namespace`, `range`, ...)
@@ -59,21 +59,26 @@ class TemplateLimitError(LoadError):
 
 
 def _strftime_now(format: str) -> str:
-    return datetime.now().strftime(format)
+    return bounded_strftime(datetime.now(), format)
 
 
 # Failures a template can cause while rendering request data; anything else is a bug and propagates.
+# Besides Python's own, what jinja's pieces raise on a template's mistake (as the reference's render
+# raises them, a 400 like any conversation the template refuses, not a 500): an unknown codec
+# (LookupError), ``truncate`` shorter than its ellipsis (AssertionError), ``cycler()`` without items
+# (RuntimeError, RecursionError's base), a float literal past the float range (``1e400|int`` compiles
+# to the undefined name ``inf``: NameError).
 _RENDER_FAILURES = (
     jinja2.TemplateError,
     TemplateRaised,
     TypeError,
     ValueError,
-    KeyError,
-    IndexError,
+    LookupError,
     AttributeError,
-    ZeroDivisionError,
-    OverflowError,
-    RecursionError,
+    ArithmeticError,
+    RuntimeError,
+    AssertionError,
+    NameError,
 )
 
 

@@ -2,8 +2,8 @@
 
 The same environment `transformers` uses for `apply_chat_template` (and the runtime's
 `helios.frontend.preparation.template`, which ignition may not import): an immutable jinja2 sandbox with
-trim_blocks, lstrip_blocks, loop controls, `tojson` (``ensure_ascii=False``), `raise_exception` and
-`strftime_now`. Probe renders fix `strftime_now` to a constant date, so analysis is reproducible.
+trim_blocks, lstrip_blocks, loop controls, `generation` blocks, `tojson` (``ensure_ascii=False``),
+`raise_exception` and `strftime_now`. Probe renders fix `strftime_now` to a constant date, so analysis is reproducible.
 
 The template is the checkpoint's, so untrusted: it renders in `helios.core.template_sandbox`'s
 bounded sandbox (the one the runtime serves it in), with `PROBE_BOUNDS`: probe conversations render
@@ -22,7 +22,7 @@ from typing import Mapping
 import jinja2
 
 from helios.core.template_sandbox import (
-    BoundedSandbox, RenderBounds, RenderLimitExceeded, TemplateRaised, render_bounded)
+    BoundedSandbox, RenderBounds, RenderLimitExceeded, TemplateRaised, bounded_strftime, render_bounded)
 from helios.ignition.architecture import CheckpointError
 
 
@@ -33,9 +33,13 @@ PROBE_BOUNDS = RenderBounds(max_chars=1 << 22, cpu_seconds=2.0)
 
 
 # What a template can raise on a probe it does not support (a role, tool calls, a kwarg), or on
-# arithmetic, recursion or a size it may not reach.
-RENDER_FAILURES = (jinja2.TemplateError, TemplateRaised, TypeError, ValueError, KeyError, IndexError,
-                   AttributeError, ArithmeticError, RecursionError)
+# arithmetic, recursion or a size it may not reach; and what jinja's own pieces raise on a template's
+# mistake, which escaped prepare as a traceback: a lookup of an unknown codec (``'x'.encode('no')``,
+# a LookupError), ``truncate`` shorter than its ellipsis (an AssertionError), ``cycler()`` without
+# items (a RuntimeError, RecursionError's base) and a float literal past the float range (``1e400|int``,
+# compiled to the undefined name ``inf``: a NameError).
+RENDER_FAILURES = (jinja2.TemplateError, TemplateRaised, TypeError, ValueError, LookupError, AttributeError,
+                   ArithmeticError, RuntimeError, AssertionError, NameError)
 
 
 class ProbeTemplate:
@@ -43,7 +47,7 @@ class ProbeTemplate:
 
     def __init__(self, source: str, template_tokens: Mapping[str, str]):
         env = BoundedSandbox()
-        env.globals["strftime_now"] = lambda format: PROBE_DATE.strftime(format)
+        env.globals["strftime_now"] = lambda format: bounded_strftime(PROBE_DATE, format)
         try:
             self._template = env.from_string(source)
         # Jinja's parser and code generator recurse per nested expression or block, and Python's compiler
