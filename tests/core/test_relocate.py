@@ -123,3 +123,69 @@ def test_relocate_and_sign_write_through_unpredictable_temporary_names(tmp_path,
     assert (tmp_path / "out.core").stat().st_mode & 0o777 == 0o666 & ~umask
     leftovers = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
     assert leftovers == sorted(f".{n}.tmp{s}" for n in ("out.core", "signed.core") for s in ("", f"-{os.getpid()}"))
+
+
+def _parts_beside(path):
+    return sorted(p.name for p in path.parent.iterdir() if p.name.startswith(f"{path.name}.part"))
+
+
+def test_a_core_written_over_a_split_one_removes_the_parts_it_no_longer_names(tmp_path, key):
+    """A split into fewer parts (or a join into one file) over an earlier split left the earlier
+    OUT.partNNN files beside the new core, named by nothing: gigabytes of stale parts a mirror copied."""
+    path = tmp_path / "m.core"
+    build_core(path, [key], extra=BLOBS)
+    expected = contents(path, key)
+    many = relocate_core(path, path, split_nbytes=1)
+    assert len(many) > 4
+    (tmp_path / "m.core.part999").write_bytes(b"not named by any core")  # not the core's: left alone
+    fewer = relocate_core(path, path, split_nbytes=6000)
+    assert 2 < len(fewer) < len(many)
+    assert _parts_beside(path) == sorted([p.name for p in fewer[1:]] + ["m.core.part999"])
+    assert contents(path, key) == expected
+    relocate_core(path, path)  # joined: no part of it is left
+    assert _parts_beside(path) == ["m.core.part999"]
+    assert contents(path, key) == expected
+    other = tmp_path / "o.core"
+    relocate_core(path, other, split_nbytes=1)
+    relocate_core(path, other)  # over another core's name: its parts go too
+    assert _parts_beside(other) == []
+    assert contents(other, key) == expected
+
+
+def test_a_core_written_over_a_split_one_keeps_the_parts_its_source_reads(tmp_path, key, other_key):
+    """`add_signatures` beside a split core writes a core that reads the split core's parts; joining
+    that one over the split core's name leaves the parts it still reads."""
+    path = tmp_path / "m.core"
+    build_core(path, [key], extra=BLOBS, split_nbytes=4000)
+    parts = _parts_beside(path)
+    signed = tmp_path / "signed.core"
+    add_signatures(path, signed, [other_key])
+    assert _parts_beside(signed) == [] and _parts_beside(path) == parts
+    relocate_core(signed, path)
+    assert _parts_beside(path) == parts
+    assert contents(signed, key) == contents(path, key)
+
+
+def test_a_part_name_taken_by_a_directory_fails_before_any_file_is_replaced(tmp_path, key):
+    """The parts were renamed into place one by one at the end, and the rename onto a directory
+    failed after the parts before it had replaced an earlier core's: that core no longer read, and
+    the error named a temporary file."""
+    import os
+
+    path = tmp_path / "m.core"
+    build_core(path, [key], extra=BLOBS)
+    expected = contents(path, key)
+    out = tmp_path / "out.core"
+    relocate_core(path, out, split_nbytes=1)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    (tmp_path / "out.core.part001").unlink()  # an earlier core's part replaced by a directory
+    (tmp_path / "out.core.part001").mkdir()
+    del before["out.core.part001"]
+    with pytest.raises(FileExistsError) as raised:
+        relocate_core(path, out, split_nbytes=1)
+    assert raised.value.filename == str(tmp_path / "out.core.part001")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    os.mkfifo(tmp_path / "n.core.part000")
+    with pytest.raises(FileExistsError):
+        relocate_core(path, tmp_path / "n.core", split_nbytes=1)
+    assert not (tmp_path / "n.core").exists() and contents(path, key) == expected

@@ -503,3 +503,25 @@ def test_patch_capacities_for_a_text_only_checkpoint_are_refused_not_ignored(pri
     assert _prepare(pristine, tmp_path / "model.core", key, "--patch-capacities", "64") == 2
     assert "patch capacities apply to vision-language checkpoints; Qwen3ForCausalLM is text-only" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tensor_a_sparse_file_claims_past_the_memory_available_is_refused_before_it_is_read(checkpoint,
+                                                                                              monkeypatch):
+    """A file whose holes cover what its header claims (a preallocated download cut short) passes
+    safetensors' checks: a 512 MiB norm weight was read in full (terabytes: the process killed for
+    memory) before the recipe compared its shape with the config."""
+    import helios.ignition.recipes.checkpoint as checkpoint_module
+
+    header, body = _header(checkpoint / WEIGHTS)
+    start, stop = header[NORM]["data_offsets"]
+    for entry in header.values():  # the norm's bytes moved to the end, as the claimed 512 MiB
+        if isinstance(entry, dict) and "data_offsets" in entry and entry["data_offsets"][0] >= stop:
+            entry["data_offsets"] = [offset - (stop - start) for offset in entry["data_offsets"]]
+    body = body[:start] + body[stop:]
+    claimed = 512 << 20
+    header[NORM] = {"dtype": "F32", "shape": [claimed // 4], "data_offsets": [len(body), len(body) + claimed]}
+    _write(checkpoint / WEIGHTS, header, body)
+    with open(checkpoint / WEIGHTS, "r+b") as handle:  # holes, not bytes: nothing is written to disk
+        handle.truncate(os.path.getsize(checkpoint / WEIGHTS) + claimed)
+    monkeypatch.setattr(checkpoint_module, "available_memory_nbytes", lambda: 64 << 20, raising=False)
+    _refused(checkpoint, f"tensor {NORM} in {WEIGHTS} is [{claimed // 4}] F32", "more than the 67108864 bytes")

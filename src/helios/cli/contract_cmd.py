@@ -16,7 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from helios.cli.core_options import check_output_path, load_private_key, naming_output, read_bounded
+from helios.cli.core_options import (
+    check_output_path, check_room_beside, load_private_key, naming_output, read_bounded,
+)
 from helios.cli.termination import terminate_as_exception
 from helios.contract import PreparedContract
 from helios.contract.files import load_bytes
@@ -122,6 +124,7 @@ def _example_core(args: argparse.Namespace) -> int:
         raise UsageError("--seed must be in [0, 2**63)")
     output = check_output_path("-o", args.output, {"--key file": args.key, "public key of --key": f"{args.key}.pub",
                                                    "contract FILE": args.file})
+    check_room_beside("-o", output)  # else a failed write names the temporary file beside it
     key = load_private_key(args.key)
     prepared = _load(args.file)
     with terminate_as_exception(), naming_output(output):
@@ -134,6 +137,8 @@ def _encode(args: argparse.Namespace) -> int:
     output = check_output_path("OUT", args.out, {"contract FILE": args.file}, streams=True)
     prepared = _load(args.file)
     is_stream = output.exists() and not output.is_file()  # /dev/stdout, a FIFO, process substitution
+    if not is_stream:
+        check_room_beside("OUT", output.resolve())  # else a failed write names the temporary file beside it
     with terminate_as_exception(), naming_output(output):
         if is_stream:
             with open(output, "wb") as stream:

@@ -15,8 +15,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from helios.cli.core_options import (
-    add_core_options, aes_key_from_args, check_core_path, check_output_path, key_file_mistakes, load_private_key,
-    naming_output, open_core_from_args,
+    add_core_options, aes_key_from_args, check_core_path, check_output_path, check_room_beside, key_file_mistakes,
+    load_private_key, naming_output, open_core_from_args,
 )
 from helios.cli.termination import terminate_as_exception
 from helios.core.envelope import MAX_SIGNATURES
@@ -64,12 +64,15 @@ def _keygen(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if output.is_dir():  # "" and "." too, whose file name is empty: no KEY.pub can be named beside them
         raise UsageError(f"-o {output} is a directory; name the private key file to write")
+    if args.output.endswith(("/", os.sep)):  # a directory not there yet: Path reads "keys/" as the file "keys"
+        raise UsageError(f"-o {args.output} names a directory; name the private key file to write")
     if not output.parent.is_dir():
         raise UsageError(f"-o {output}: the directory {output.parent} does not exist")
     key = SigningKey.generate()
     with key_file_mistakes():  # a key already there: exit 2, as for any output the command refuses
         pub_path = write_key_pair(Path(args.output), key, args.namespace or ())
-    print(f"wrote {args.output} (private, keep secret) and {pub_path}")
+    # Paths go through `one_line`: a newline in a file name would start a line of the report's own.
+    print(f"wrote {one_line(args.output)} (private, keep secret) and {one_line(str(pub_path))}")
     print(f"key id {key.key_id.hex()}")
     return 0
 
@@ -106,13 +109,14 @@ def _sign(args: argparse.Namespace) -> int:
                                               "public key of --key": [f"{key}.pub" for key in args.key],
                                               "part file of the core": _source_parts(args.core)})
     destination = through_link(Path(args.output or args.core))
+    check_room_beside("-o" if args.output else "CORE", destination)  # else the error names a temporary file
     with terminate_as_exception(), naming_output(destination):
         files = add_signatures(
             args.core, destination, keys, replace=args.replace,
             aes_key=aes_key_from_args(args),
         )
     ids = ", ".join(key.key_id.hex() for key in keys)
-    print(f"signed {files[0]} with key {ids}")
+    print(f"signed {one_line(str(files[0]))} with key {ids}")
     return 0
 
 
@@ -121,7 +125,8 @@ def _verify(args: argparse.Namespace) -> int:
     decoded = core.verify_resources()
     stored = sum(info.stored_nbytes for info in core.resources)
     signers = ", ".join(key.key_id.hex() for key in core.admitted_signers)
-    print(terminal_text(f"verified {args.core}: {core.core_format.name}, publisher {core.publisher.namespace}"))
+    # A newline in the core's file name would forge a line of its own ("signed by trusted key ...").
+    print(one_line(f"verified {args.core}: {core.core_format.name}, publisher {core.publisher.namespace}"))
     print(f"  signed by trusted key {signers}")
     print(f"  {len(core.resources)} resources: {stored} stored bytes, {decoded} decoded bytes")
     pickled = [info.id for info in core.resources if info.kind.is_program and info.kind is not ResourceKind.PROGRAM_IMAGE]
@@ -221,11 +226,12 @@ def _relocate(args: argparse.Namespace) -> int:
     check_core_path(args.core)
     check_output_path("-o", args.output, {"part file of the core": _source_parts(args.core)})
     destination = through_link(Path(args.output))
+    check_room_beside("-o", destination)  # else the error names a temporary file
     if args.split_bytes is not None:
         _check_new_parts(args.core, destination)
     with terminate_as_exception(), naming_output(destination):
         files = relocate_core(args.core, destination, split_nbytes=args.split_bytes)
-    print(f"wrote {len(files)} file(s): {', '.join(str(f) for f in files)}")
+    print(f"wrote {len(files)} file(s): {', '.join(one_line(str(f)) for f in files)}")
     return 0
 
 

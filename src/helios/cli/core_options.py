@@ -190,6 +190,8 @@ def check_output_path(option: str, output: os.PathLike | str, inputs: Mapping[st
     `streams`, for a command that writes one stream, such an output is written through) or names one
     of the command's inputs (`inputs`: what each is called -> its path or paths), which the written
     file would replace."""
+    if str(output).endswith(("/", os.sep)):  # Path drops it: "out/" would be written as the file "out"
+        raise UsageError(f"{option} {output} names a directory; name the file to write")
     output = Path(output)
     if output.is_dir():
         raise UsageError(f"{option} {output} is a directory; name the file to write")

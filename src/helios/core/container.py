@@ -5,19 +5,30 @@ on `commit(body)` appends the CoreBody to the core file, writes the header last,
 renames every temporary file into place (parts first, the core file last). Until then nothing
 exists under the final names; on error (`abort`, or leaving the `with` block by an exception)
 every temporary file is removed.
+
+A core written over another core removes, once it is in place, the parts named after it
+(``NAME.partNNN``) that the replaced core stored resources in and the new one does not name (a
+split into fewer parts, or a join into one file, left them stale beside it), unless the caller
+keeps them (`keep`: the parts of the core it copies from, which another core may still read).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterable
 
-from helios.core.layout import HEADER_NBYTES, CoreHeader, encode_header
+from google.protobuf.message import DecodeError
+
+from helios.contract import core_pb2
+from helios.core.layout import HEADER_NBYTES, CoreHeader, encode_header, read_raw_core
 from helios.core.locations import check_sibling_name
 from helios.core.records import Placement
+from helios.errors import CoreError
 
 
 def _umask() -> int:
@@ -66,8 +77,10 @@ class _PendingFile:
 class ContainerWriter:
     """Owns the temporary files of one core until `commit` or `abort`. Single use; mutable."""
 
-    def __init__(self, path: os.PathLike | str, *, split_nbytes: int | None = None):
+    def __init__(self, path: os.PathLike | str, *, split_nbytes: int | None = None,
+                 keep: Iterable[os.PathLike | str] = ()):
         self.path = Path(path)
+        self._keep = {Path(kept).name for kept in keep if Path(kept).parent.resolve() == self.path.parent.resolve()}
         if split_nbytes is not None and split_nbytes <= 0:
             raise ValueError("split_nbytes must be positive")
         self._split_nbytes = split_nbytes
@@ -83,6 +96,7 @@ class ContainerWriter:
         part = self._parts[-1] if self._parts else None
         if part is None or part.handle.tell() >= self._split_nbytes:
             name = check_sibling_name(f"{self.path.name}.part{len(self._parts):03d}")
+            _check_replaceable(self.path.with_name(name))
             part = _PendingFile(self.path.with_name(name))
             self._parts.append(part)
         return part.final.name, part
@@ -117,8 +131,14 @@ class ContainerWriter:
         self._main.handle.write(encode_header(CoreHeader(offset, len(body))))
         for pending in (*self._parts, self._main):
             pending.finish()
+        stale = _parts_named_by(self.path) - {p.final.name for p in self._parts} - self._keep
         for pending in (*self._parts, self._main):
             os.replace(pending.temp, pending.final)
+        for name in sorted(stale):
+            try:
+                (self.path.parent / name).unlink()
+            except OSError:  # the new core is in place and reads none of them; a leftover is harmless
+                pass
         _sync_directory(self.path.parent)
         return tuple(p.final for p in (self._main, *self._parts))
 
@@ -136,6 +156,33 @@ class ContainerWriter:
     def __exit__(self, kind, error, traceback) -> None:
         if kind is not None:
             self.abort()
+
+
+def _check_replaceable(final: Path) -> None:
+    """Refuses a part whose name is taken by a directory (or a FIFO, a device, a socket) as soon as
+    the part is begun: renaming onto a directory fails only at `commit`, after the parts before it
+    had replaced those of an existing core of that name, which then no longer read."""
+    try:
+        mode = os.lstat(final).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
+        raise FileExistsError(errno.EEXIST, "a part of the core would replace this, which is not a regular file",
+                              str(final))
+
+
+def _parts_named_by(core: Path) -> set[str]:
+    """The names of the parts named after `core` (``CORE.partNNN``) that the core file now at `core`
+    stores resources in; none where no readable core file is there (or something else is: a FIFO is
+    never opened)."""
+    try:
+        if not stat.S_ISREG(os.stat(core).st_mode):
+            return set()
+        body = core_pb2.CoreBody.FromString(read_raw_core(core).body)
+    except (OSError, CoreError, DecodeError):
+        return set()
+    part = re.compile(re.escape(core.name) + r"\.part[0-9]{3,}")
+    return {location.file for location in body.locations.locations if part.fullmatch(location.file)}
 
 
 def _sync_directory(directory: Path) -> None:

@@ -28,7 +28,10 @@ def _write(
     envelope: core_pb2.SignedEnvelope,
     split_nbytes: int | None,
 ) -> tuple[Path, ...]:
-    with ContainerWriter(destination, split_nbytes=split_nbytes) as container:
+    # The source's parts stay unless the source is the core replaced (in place): a core that
+    # `add_signatures` wrote beside it may read them too.
+    keep = () if _same_file(loaded.path, destination) else _parts_of(loaded)
+    with ContainerWriter(destination, split_nbytes=split_nbytes, keep=keep) as container:
         for entry in loaded.content.resources:
             sink = container.begin_resource()
             copy_stored(loaded.stored_path(entry.id), loaded.placements[entry.id], entry, sink)
@@ -49,7 +52,9 @@ def relocate_core(
 ) -> tuple[Path, ...]:
     """Writes `source` as a single-file core (or split into parts) at `destination`.
 
-    `destination` may equal `source`. Returns the written files, the core file first.
+    `destination` may equal `source`. Returns the written files, the core file first. The parts of
+    the core `destination` replaces that the new one does not name are removed (`ContainerWriter`),
+    but for those a different `source` reads.
     """
     loaded = load_unverified(source)
     return _write(loaded, Path(destination), loaded.body.envelope, split_nbytes)
@@ -118,12 +123,23 @@ def _siblings_stay(loaded: LoadedCore, destination: Path) -> bool:
 def _write_body_only(
     loaded: LoadedCore, destination: Path, envelope: core_pb2.SignedEnvelope
 ) -> tuple[Path, ...]:
-    with ContainerWriter(destination) as container:
+    with ContainerWriter(destination, keep=_parts_of(loaded)) as container:
         body = core_pb2.CoreBody(
             format_version=loaded.body.format_version,
             envelope=envelope,
             locations=loaded.body.locations,
         )
         files = container.commit(body.SerializeToString(deterministic=True))
-    parts = sorted({loaded.path.parent / p.file for p in loaded.placements.values()})
-    return files + tuple(parts)
+    return files + tuple(sorted(_parts_of(loaded)))
+
+
+def _parts_of(loaded: LoadedCore) -> set[Path]:
+    """The part files `loaded` stores resources in."""
+    return {loaded.path.parent / p.file for p in loaded.placements.values() if p.file}
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

@@ -183,6 +183,13 @@ class CoreWriter:
         self._early = _EarlyStore(Path(path), split_nbytes, container, pool, len(pending),
                                   pool.submit(self._store_early, container, pending))
 
+    @property
+    def stored_early(self) -> Future | None:
+        """The background storing `begin` started (done when those resources are on disk), or None.
+        Its error (a full disk) is the write's: a caller producing the rest meanwhile may watch it
+        and stop at once instead of learning it from `write`."""
+        return self._early.future if self._early is not None else None
+
     def _store_early(self, container: ContainerWriter, pending: list[_PendingResource]) -> list[ResourceEntry]:
         entries = [self._store(container, resource) for resource in pending]
         container.sync_data()  # what the final commit would otherwise flush all at once

@@ -23,7 +23,7 @@ import os
 import pickle
 import signal
 import threading
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable
@@ -59,12 +59,17 @@ def default_workers(num_jobs: int, num_layers: int) -> int:
 
 def capture_all(arch: Architecture, jobs: list[CaptureJob], page_tokens: int, workers: int,
                 on_captured: Callable[[int, CapturedProgram], None] = lambda index, program: None,
-                ) -> list[CapturedProgram]:
+                watched: Future | None = None) -> list[CapturedProgram]:
     """Every job's program, in job order; `on_captured(index, program)` is called in that order as
-    they arrive. `workers` <= 1 captures here. Capture errors propagate with their own type."""
+    they arrive. `workers` <= 1 captures here. Capture errors propagate with their own type.
+
+    `watched` (preparation's: the weights written to the output meanwhile, `CoreWriter.stored_early`)
+    ends the capture with its error as soon as it fails (workers: at once; here: after the program
+    being captured), instead of after every program: a full disk is reported when it happens."""
     done: list[CapturedProgram] = []
 
     def accept(program: CapturedProgram) -> None:
+        _raise_failure(watched)
         on_captured(len(done), program)
         done.append(program)
 
@@ -74,10 +79,13 @@ def capture_all(arch: Architecture, jobs: list[CaptureJob], page_tokens: int, wo
             with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context,
                                      initializer=_init_worker) as pool:
                 try:
-                    with _interrupts_held():  # map submits every job, which spawns the workers
-                        programs = pool.map(_capture, [(arch, job, page_tokens) for job in jobs])
-                    for program in programs:
-                        accept(program)
+                    with _interrupts_held():  # submitting the jobs spawns the workers
+                        futures = [pool.submit(_capture, (arch, job, page_tokens)) for job in jobs]
+                    for future in futures:
+                        if watched is not None:
+                            wait((future, watched), return_when=FIRST_COMPLETED)
+                            _raise_failure(watched)
+                        accept(future.result())
                 except BaseException:
                     _stop_workers(pool)
                     raise
@@ -85,8 +93,15 @@ def capture_all(arch: Architecture, jobs: list[CaptureJob], page_tokens: int, wo
         except BrokenProcessPool:
             pass  # a worker died (killed, out of memory): capture what is left here
     for job in jobs[len(done):]:
+        _raise_failure(watched)
         accept(capture_program(arch, job.operation, job.capacity, page_tokens, job.options))
     return done
+
+
+def _raise_failure(watched: Future | None) -> None:
+    """Raises `watched`'s error where it has failed."""
+    if watched is not None and watched.done() and not watched.cancelled() and watched.exception() is not None:
+        raise watched.exception()
 
 
 def _picklable(arch: Architecture, jobs: list[CaptureJob]) -> bool:

@@ -239,7 +239,7 @@ def prepare_core(
     # captured (worker processes), instead of after them; `write` below finishes the same core.
     writer.begin(output)
     try:
-        capture_all(arch, jobs, plan.page_tokens, workers, store)
+        capture_all(arch, jobs, plan.page_tokens, workers, store, watched=writer.stored_early)
         table = _add_engram_table(writer, engram, ranks) if engram is not None else None
         writer.add_resource(TOKENIZER_RESOURCE, ResourceKind.TOKENIZER, assets.tokenizer_json)
         writer.add_resource(TEMPLATE_RESOURCE, ResourceKind.CHAT_TEMPLATE, assets.chat_template.encode("utf-8"))

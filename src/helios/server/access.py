@@ -9,8 +9,8 @@ OpenAI-style error body before their body is read. ``/health``, ``/metrics`` and
 `AccessLog`: one line per HTTP request on the ``helios.access`` logger, written when the response
 ended (a stream: after its last chunk): client, method, path, status, prompt and completion tokens,
 finish reason, latency and time to first token (milliseconds; the first output token of any choice),
-and the request's ``user``. The path is bounded (`helios.server.echo`) and escaped like ``user``:
-quotes, controls and every other
+the served model's name and the request's ``user`` (each quoted). The path is bounded
+(`helios.server.echo`) and escaped like ``user`` and the model's name: quotes, controls and every other
 character that is not printable (U+0085, U+2028 and U+2029, which line-splitting readers take for
 line ends, and format characters such as U+202E) are escaped, so one request is one line. A
 request whose client went away before its response started (it disconnected while sending its
@@ -29,6 +29,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,6 +41,10 @@ API_KEY_ENV = "HELIOS_API_KEY"
 RECORD_KEY = "helios_record"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client went away before any response
 access_logger = logging.getLogger("helios.access")
+# What an address and port read as, written bare. uvicorn takes the client of a request from a trusted
+# peer (127.0.0.1 by default) from its X-Forwarded-For header as written: other text (a space, a quote,
+# U+0085 from a Latin-1 byte) is quoted and escaped, or it would forge fields or a line of its own.
+_ADDRESS = re.compile(r"[0-9A-Za-z.:%_\[\]-]+")
 
 
 class ApiKeyGuard:
@@ -128,6 +133,8 @@ def _escaped(text: str) -> str:
 def access_line(scope: Scope, status: int, record: RequestRecord) -> str:
     client = scope.get("client")
     where = f"{client[0]}:{client[1]}" if client else "-"
+    if not _ADDRESS.fullmatch(where):  # see `_ADDRESS`
+        where = f'"{_escaped(where)}"'
     latency_ms = (time.monotonic() - record.arrival_s) * 1000.0
     path = _escaped(clipped(scope.get("path", "")))
     fields = [where, f'"{scope.get("method", "")} {path}"', str(status)]
@@ -140,8 +147,8 @@ def access_line(scope: Scope, status: int, record: RequestRecord) -> str:
     if first_token_s:  # the request's first output token, of any choice (as the TTFT histogram times it)
         fields.append(f"ttft_ms={(min(first_token_s) - record.arrival_s) * 1000.0:.1f}")
     fields.append(f"latency_ms={latency_ms:.1f}")
-    if record.model_name:
-        fields.append(f"model={record.model_name}")
+    if record.model_name:  # the operator's --served-model-name: quoted and escaped, or a space forges a field
+        fields.append(f'model="{_escaped(record.model_name)}"')
     if record.user is not None:
         fields.append(f"user={json.dumps(record.user)}")
     return " ".join(fields)

@@ -6,7 +6,8 @@ does not hold the raw checkpoint and the prepared weights in memory at once.
 Everything here is untrusted input: a malformed safetensors file (header, offsets, dtype), a shard
 that is not a regular file, a `model.safetensors.index.json` that names an absent shard or a path
 outside the directory, a weight of an integer dtype or holding NaN/Inf, and a config.json that is
-not strict JSON each raise `CheckpointError` naming the file and the tensor. Non-finite weights
+not strict JSON each raise `CheckpointError` naming the file and the tensor, as does a tensor larger
+than the memory available (checked before it is read: a sparse file). Non-finite weights
 are refused rather than served: no checkpoint trained to completion holds them, and one that does
 would answer every request with NaN logits.
 """
@@ -21,6 +22,7 @@ from typing import Any, Callable, Mapping
 import torch
 from safetensors import SafetensorError, safe_open
 
+from helios.core.streams import available_memory_nbytes
 from helios.ignition.architecture import CheckpointError
 
 
@@ -28,6 +30,7 @@ SIDE_TABLE = "engram.safetensors"  # helios.ignition.engram.ENGRAM_FILE
 INDEX_FILE = "model.safetensors.index.json"
 # Weights are floating point; float8 ones are dequantized by `fp8_blocks`.
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+_DTYPE_NBYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 _FINITE_CHUNK = 1 << 22  # elements summed at once by the finiteness check
 PROGRESS_NBYTES = 1 << 30  # a smaller checkpoint is read in seconds: no progress lines
 
@@ -90,10 +93,7 @@ class CheckpointTensors:
         path = self._files_by_name.get(name)
         if path is None:
             raise CheckpointError(f"the checkpoint has no tensor {name}")
-        dtype, tensor = _read(path, name, lambda handle: (handle.get_slice(name).get_dtype(), handle.get_tensor(name)))
-        if dtype not in FLOAT_DTYPES:
-            raise CheckpointError(f"tensor {name} in {path.name} is {dtype}; weights are floating point "
-                                  f"({', '.join(FLOAT_DTYPES)})")
+        tensor = _read(path, name, lambda handle: _checked_tensor(handle, path, name))
         if not is_finite(tensor):
             raise CheckpointError(f"tensor {name} in {path.name} holds NaN or infinite values")
         self._count_read(tensor)
@@ -109,6 +109,24 @@ class CheckpointTensors:
             self._progress(f"read {10 * tenths}% of the checkpoint's {self._total_nbytes / 1e9:.1f} GB of weights")
 
 
+def _checked_tensor(handle, path: Path, name: str) -> torch.Tensor:
+    """The tensor `name` of the open file, its header checked first: a weight is floating point, and
+    no larger than the memory available. (Its file covers what its header claims, which safetensors
+    checks, but a sparse file, a download preallocated and cut short or one made so, covers terabytes
+    with holes, which reading would allocate in full before a recipe compares the shape with the config.)"""
+    view = handle.get_slice(name)
+    dtype, shape = view.get_dtype(), view.get_shape()
+    if dtype not in FLOAT_DTYPES:
+        raise CheckpointError(f"tensor {name} in {path.name} is {dtype}; weights are floating point "
+                              f"({', '.join(FLOAT_DTYPES)})")
+    nbytes = math.prod(shape) * _DTYPE_NBYTES[dtype]
+    available = available_memory_nbytes()
+    if available is not None and nbytes > available:
+        raise CheckpointError(f"tensor {name} in {path.name} is {list(shape)} {dtype}, {nbytes} bytes: more than "
+                              f"the {available} bytes of memory available (a damaged or sparse file?)")
+    return handle.get_tensor(name)
+
+
 def _data_nbytes(path: Path) -> int:
     """The bytes of a safetensors file's tensors: what follows its length prefix and header."""
     with path.open("rb") as handle:
@@ -121,7 +139,7 @@ def _read(path: Path, name: str | None, action):
     try:
         with safe_open(str(path), framework="pt") as handle:
             return action(handle)
-    except (SafetensorError, OSError) as error:
+    except (SafetensorError, OSError, MemoryError) as error:  # MemoryError: a tensor past a memory limit (ulimit)
         what = f"tensor {name} of {path}" if name else str(path)
         raise CheckpointError(f"cannot read {what}: {error}") from None
 
