@@ -36,6 +36,7 @@ class _Server(http.server.ThreadingHTTPServer):
     def __init__(self, *args):
         super().__init__(*args)
         self.hosts: list[str] = []  # each request's Host header
+        self.paths: list[str] = []  # each request's target, as sent
 
     def get_request(self):
         request = super().get_request()
@@ -47,6 +48,7 @@ def _handler(redirect_to: str | None = None):
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
             self.server.hosts.append(self.headers["Host"])
+            self.server.paths.append(self.path)
             if redirect_to is not None:
                 self.send_response(302)
                 self.send_header("Location", redirect_to)
@@ -160,6 +162,30 @@ def test_the_connection_goes_to_the_checked_address_with_the_original_host_heade
         (decoded,) = decode_image_urls([f"http://cdn.example.com:{port}/cat.png"], PUBLIC_ONLY)
         assert decoded.image.size == (30, 20)
         assert resolved == ["cdn.example.com"] and server.hosts == [f"cdn.example.com:{port}"]
+        assert server.accepted == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_internationalized_url_is_sent_as_a_browser_sends_it(monkeypatch):
+    """A host name outside ASCII is resolved and named in its IDNA form, and the path's and query's
+    spaces and non-ASCII characters are percent-encoded as UTF-8 (urllib sent them raw and the fetch
+    failed: "ordinal not in range(256)", "URL can't contain control characters")."""
+    server = _start("127.0.0.2")
+    resolved = []
+    original = decode_module._is_internal
+    monkeypatch.setattr(decode_module, "_is_internal", lambda ip: ip != "127.0.0.2" and original(ip))
+    monkeypatch.setattr(decode_module, "_resolve", lambda host, port: resolved.append(host) or ["127.0.0.2"])
+    try:
+        port = server.server_address[1]
+        url = f"http://例え.テスト:{port}/images/café photo.png?size=größer"
+        (decoded,) = decode_image_urls([url], PUBLIC_ONLY)
+        assert decoded.image.size == (30, 20)
+        assert resolved == ["xn--r8jz45g.xn--zckzah"] and server.hosts == [f"xn--r8jz45g.xn--zckzah:{port}"]
+        assert server.paths == ["/images/caf%C3%A9%20photo.png?size=gr%C3%B6%C3%9Fer"]
+        with pytest.raises(ImageRejected, match="the image URL's host is not a valid domain name"):
+            decode_image_urls([f"http://ä..example:{port}/cat.png"], PUBLIC_ONLY)
         assert server.accepted == 1
     finally:
         server.shutdown()

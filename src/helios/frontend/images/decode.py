@@ -5,7 +5,9 @@ Remote http(s) URLs are fetched only when the operator enables it (`ImageLimits.
 all, the fetches of one request together (a server that trickles its headers or body is cut off,
 and several images that each trickle in just under the bound do not add up past it), following
 redirects to http(s) URLs only; a URL with credentials (``user:password@host``) or with a port
-that is not a number from 0 to 65535, the first or a redirect's, is refused rather than fetched.
+that is not a number from 0 to 65535, the first or a redirect's, is refused rather than fetched; an
+internationalized host name, and spaces or non-ASCII characters after it, are sent as a browser
+sends them (IDNA, percent-encoded UTF-8).
 Unless the operator allows internal hosts too (`ImageLimits.allow_internal_hosts`,
 `--allow-internal-image-hosts`), a fetch connects to public addresses only: each host (every
 redirect's included) is resolved once, refused when any of its addresses is loopback, private,
@@ -51,6 +53,7 @@ MEDIA_TYPES = frozenset({*FORMATS.values(), "image/jpg"})
 _DATA_URL = re.compile(r"^data:(?P<media>[A-Za-z0-9.+/-]*)(?P<params>(;[^;,]*)*?)(?P<b64>;base64)?,(?P<data>.*)$",
                        re.DOTALL | re.IGNORECASE)
 _NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
+_NOT_SENT_RAW = re.compile(r"[^\x00-\x7f]+| ")  # what a fetched URL's path, query and fragment percent-encode
 # Scans a JPEG may have. libjpeg decodes every scan of a progressive JPEG over the whole coefficient
 # buffer, and a scan of one EOB run is a few dozen bytes: a 2 MiB JPEG of 60,000 empty scans over
 # 4096x4096 pixels took a minute of CPU (past the preparation timeout, holding its slot). Encoders
@@ -141,6 +144,7 @@ def fetch_image(url: str, limits: ImageLimits, deadline: float | None = None) ->
     problem = _url_problem(url)
     if problem is not None:
         raise ImageRejected(problem)
+    url = _sent_url(url)
     deadline = fetch_deadline() if deadline is None else deadline
     remaining = deadline - time.monotonic()
     if remaining <= 0:
@@ -208,6 +212,29 @@ def _url_problem(url: str) -> str | None:
     except ValueError as error:
         return f"the image URL is not valid: {_clipped(str(error))}"
     return None
+
+
+def _sent_url(url: str) -> str:
+    """`url` as a browser sends it: an internationalized host name in its IDNA (punycode) form, and
+    the non-ASCII characters and spaces of its path, query and fragment percent-encoded as UTF-8
+    (urllib sent them raw and failed: "ordinal not in range(256)" for a host such as 例え.テスト,
+    "can't contain control characters" for ``/cat photo.png``). Other URLs are sent as they are."""
+    if url.isascii() and " " not in url:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if not netloc.isascii():
+        try:
+            netloc = (parts.hostname or "").encode("idna").decode("ascii")
+        except UnicodeError as error:
+            raise ImageRejected(f"the image URL's host is not a valid domain name: {_clipped(str(error))}") from None
+        netloc += f":{parts.port}" if parts.port is not None else ""
+
+    def encoded(text: str) -> str:
+        return _NOT_SENT_RAW.sub(lambda found: urllib.parse.quote(found.group()), text)
+
+    return urllib.parse.urlunsplit((parts.scheme, netloc, encoded(parts.path), encoded(parts.query),
+                                    encoded(parts.fragment)))
 
 
 class _HttpRedirectsOnly(urllib.request.HTTPRedirectHandler):

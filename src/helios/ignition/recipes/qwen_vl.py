@@ -28,6 +28,14 @@ ARCHITECTURES = tuple(FAMILIES)
 _MROPE_MEANS_DEFAULT = ("Qwen2_5_VLForConditionalGeneration",)
 # The decoder's rope_theta where config.json gives none (transformers' text config class defaults).
 _REFERENCE_THETA = {"Qwen2_5_VLForConditionalGeneration": 1000000.0, "Qwen3VLForConditionalGeneration": 500000.0}
+# transformers' text config class defaults where the Llama recipe's own fallback differs: a terse
+# Qwen2.5-VL config.json without rms_norm_eps prepared norms of epsilon 1e-6 (transformers: 1e-5).
+_REFERENCE_TEXT = {"Qwen2_5_VLForConditionalGeneration": {"rms_norm_eps": 1e-5, "num_key_value_heads": 8},
+                   "Qwen3VLForConditionalGeneration": {"num_key_value_heads": 32, "head_dim": 128}}
+# Whose transformers config ties the head where only its text_config says so (`text_config`).
+_TIED_BY_TEXT_CONFIG = ("Qwen2_5_VLForConditionalGeneration",)
+# The image sentinels' ids where config.json gives none (both families' config class defaults).
+_REFERENCE_TOKENS = {"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653}
 
 
 @dataclass(frozen=True)
@@ -77,16 +85,23 @@ class _TextTensors:
         return frozenset(self._name(n) for n in self._tensors.names)
 
 
-def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
+def text_config(config: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The decoder's settings: `text_config` (or the top level, the original releases' layout), its
+    ``tie_word_embeddings`` as transformers resolves it: the top level's, which a text_config's true
+    turns on for Qwen2.5-VL (a pre-v5 save's place for it) and never for Qwen3-VL (the text_config's
+    own value won: a Qwen3-VL head tied there alone took the embeddings in place of lm_head.weight)."""
     text = dict(config.get("text_config") or config)
-    text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    tied = bool(config.get("tie_word_embeddings", False))
+    if source in _TIED_BY_TEXT_CONFIG:
+        tied = tied or bool(text.get("tie_word_embeddings", False))
+    text["tie_word_embeddings"] = tied
     return text
 
 
 def build(source: str, config: Mapping[str, Any], tensors, dtype: str | None) -> VisionLanguageRecipe:
     new_layout = "model.language_model.embed_tokens.weight" in tensors
     text_prefix, vision_prefix = ("model.language_model.", "model.visual.") if new_layout else ("model.", "visual.")
-    text = text_config(config)
+    text = {**_REFERENCE_TEXT[source], **text_config(config, source)}
     text.setdefault("rope_theta", _REFERENCE_THETA[source])
     params = llama.rope_settings(text)
     section = params.pop("mrope_section", None)
@@ -106,7 +121,7 @@ def build(source: str, config: Mapping[str, Any], tensors, dtype: str | None) ->
     if sum(section) * 2 != arch.head_dim:
         raise UnsupportedCheckpoint(f"mrope_section {section} does not cover head_dim {arch.head_dim}")
     weights, _ = llama.prepared_weights(arch, text, view)
-    vision = vision_architecture(config["vision_config"], FAMILIES[source])
+    vision = vision_architecture(config.get("vision_config") or {}, FAMILIES[source])
     if vision.out_hidden_size != arch.hidden_size:
         raise UnsupportedCheckpoint(f"vision out_hidden_size {vision.out_hidden_size} is not the decoder's "
                                     f"hidden_size {arch.hidden_size}")
@@ -120,6 +135,6 @@ def build(source: str, config: Mapping[str, Any], tensors, dtype: str | None) ->
     unplaced = sorted(set(tensors.names) - used - view.used - {"lm_head.weight"})
     if unplaced:
         raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
+    image, start, end = (int(config.get(key, default)) for key, default in _REFERENCE_TOKENS.items())
     return VisionLanguageRecipe(Recipe(source, arch, weights), mrope_components(section, interleaved), vision, visual,
-                                int(config["image_token_id"]), int(config["vision_start_token_id"]),
-                                int(config["vision_end_token_id"]))
+                                image, start, end)

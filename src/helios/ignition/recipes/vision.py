@@ -62,10 +62,32 @@ class VisionArchitecture:
 
 
 QWEN2_5_VL, QWEN3_VL = "qwen2_5_vl", "qwen3_vl"
+# Frames of one patch: the contract's image preparation carries no temporal size, and the frontend
+# repeats a still image over 2 (`helios.frontend.images.preparation.TEMPORAL_PATCH_SIZE`); an encoder
+# of another temporal size would be handed patches of the wrong width at the first image.
+STILL_FRAMES = 2
+
+# transformers 5's vision config class defaults, which it takes for the keys a `vision_config` leaves
+# out (`recipes.defaults` does the same for decoders): a config.json that left Qwen2.5-VL's
+# full-attention blocks to their default ([7, 15, 23, 31]) prepared an encoder that attended by
+# windows in every block, and one that left out Qwen3-VL's DeepStack blocks or a window_size was refused.
+REFERENCE_VISION_DEFAULTS: dict[str, dict[str, Any]] = {
+    QWEN2_5_VL: {"depth": 32, "hidden_size": 3584, "hidden_act": "silu", "intermediate_size": 3420, "num_heads": 16,
+                 "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                 "window_size": 112, "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31]},
+    QWEN3_VL: {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 4304,
+               "num_heads": 16, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+               "out_hidden_size": 3584, "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]},
+}
 
 
 def vision_architecture(config: Mapping[str, Any], family: str = QWEN2_5_VL) -> VisionArchitecture:
-    """The vision encoder's geometry from a checkpoint's `vision_config`."""
+    """The vision encoder's geometry from a checkpoint's `vision_config` (its missing keys read as
+    transformers reads them: `REFERENCE_VISION_DEFAULTS`)."""
+    config = {**REFERENCE_VISION_DEFAULTS[family], **config}
+    if int(config["temporal_patch_size"]) != STILL_FRAMES:
+        raise UnsupportedCheckpoint(f"vision temporal_patch_size {config['temporal_patch_size']!r} is not supported: "
+                                    f"the served image preparation fills {STILL_FRAMES} temporal frames per patch")
     if family == QWEN3_VL:
         return _qwen3_architecture(config)
     if config.get("hidden_act", "silu") != "silu":
