@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
+from helios.frontend.parsers.schema_refs import SchemaRefError
 from helios.frontend.parsers.scan import MAX_CAPTURE_LEN, TagForm, TagMatch, TagSet, match_form
 from helios.frontend.parsers.text import WrappedText, XmlEntityDecoder
 from helios.frontend.parsers.values import ToolRegistry, ValueKind, json_value, schema_kinds, typed_value
@@ -86,11 +88,40 @@ def test_schema_kinds():
     assert registry.kinds("f", "other") == {ValueKind.STRING} == registry.kinds("g", "n")
 
 
+
+def test_a_malformed_enum_constrains_nothing():
+    """``"enum": 5`` in a tool's parameter schema raised TypeError out of `ToolRegistry.from_openai`
+    (an HTTP 500 for a request with ``tool_choice: "auto"``, whose schema no grammar checks); a
+    malformed ``anyOf`` was already ignored. Other non-list enums were read as lists of their
+    characters or keys."""
+    assert schema_kinds({"enum": 5}) == frozenset() == schema_kinds({"enum": {"a": 1}})
+    assert schema_kinds({"type": "integer", "enum": None}) == {ValueKind.INTEGER}
+    assert schema_kinds({"type": "integer", "enum": "ab"}) == {ValueKind.INTEGER}
+    registry = ToolRegistry.from_openai([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"enum": 5}, "m": {"type": "integer", "enum": True}}}}}])
+    assert registry.kinds("f", "n") == {ValueKind.STRING} and registry.kinds("f", "m") == {ValueKind.INTEGER}
+
+
+@pytest.mark.parametrize("named", ["#/nothing", {"type": "string"}])
+def test_a_ref_to_a_properties_map_with_a_parameter_named_ref_is_no_crash(named):
+    """A ref to a ``properties`` map (or a data keyword's value) read the map's "$ref" key, which
+    names a parameter there, as a ref: KeyError or TypeError (unhashable) out of checking the
+    document, an HTTP 500 for the request. It is no ref: a 400 where it does not resolve, or served."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/properties"}, "$ref": named}}
+    for document in (schema, {"type": "object", "properties": {"a": {"$ref": "#/default"}},
+                              "default": {"$ref": named}}):
+        tool = {"type": "function", "function": {"name": "f", "parameters": document}}
+        if isinstance(named, str):
+            with pytest.raises(SchemaRefError, match="#/nothing' does not resolve"):
+                ToolRegistry.from_openai([tool])
+        else:
+            assert ToolRegistry.from_openai([tool]).kinds("f", "a") == {ValueKind.STRING}
+
 def test_typed_values():
     kinds = ValueKind.INTEGER, ValueKind.NUMBER, ValueKind.BOOLEAN, ValueKind.NULL, ValueKind.OBJECT, ValueKind.ARRAY, ValueKind.STRING
     I, N, B, Z, O, A, S = (frozenset({kind}) for kind in kinds)
     assert typed_value(" 42\n", I) == ("42", True)
-    assert typed_value("4.0", I) == ('"4.0"', False)
+    assert typed_value("4.5", I) == ('"4.5"', False)
     assert typed_value("4.0", I | N) == ("4.0", True)
     assert typed_value("NaN", N) == ('"NaN"', False)
     assert typed_value("FALSE", B) == ("false", True)
@@ -104,3 +135,14 @@ def test_typed_values():
     assert json_value("Infinity") == ('"Infinity"', False)
     assert json_value("[1e999]") == ('"[1e999]"', False) and typed_value("1e999", N) == ('"1e999"', False)
     assert re.fullmatch(r'"9+"', typed_value("9" * 5000, I).json_text)
+
+
+def test_an_integer_written_as_a_whole_number_is_that_integer():
+    """JSON Schema's integers are the numbers with a zero fractional part, and transformers' response
+    parser reads "3.0" for an integer parameter as 3; it came back as the string "3.0" with
+    INVALID_VALUE. A parameter that also allows numbers keeps the number as written."""
+    I, N, S = (frozenset({kind}) for kind in (ValueKind.INTEGER, ValueKind.NUMBER, ValueKind.STRING))
+    assert typed_value(" 4.0\n", I) == ("4", True) and typed_value("1e3", I) == ("1000", True)
+    assert typed_value("4.0", I | S) == ("4", True) and typed_value("4.5", I | S) == ('"4.5"', True)
+    assert typed_value("4.0", I | N) == ("4.0", True)
+    assert typed_value("1e999", I) == ('"1e999"', False) and typed_value("true", I) == ('"true"', False)

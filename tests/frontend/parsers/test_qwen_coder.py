@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from helios.frontend.decoding.events import ParseErrorKind as K
-from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, OutputStart, ReasoningState
+from helios.frontend.parsers import AnswerMode, OutputPipeline, OutputRequest, OutputStart, ReasoningState, ToolRegistry
 from helios.frontend.decoding.syntax import OutputSyntax, ReasoningSyntaxKind, ToolSyntaxKind, example_qwen_coder, example_think_tags
 
 from .golden import Call, Expect, Plain, check_golden, delimiters_for, detokenize, encode
@@ -141,3 +141,19 @@ def test_structured_mode_still_parses_leading_tool_call(qwen_tokenizer, delimite
     stream = detokenize(qwen_tokenizer, encode(qwen_tokenizer, ["\n" + WEATHER]))
     expect = Expect("", "", (Call("get_weather", {"city": "Paris", "days": 3}),))
     check_golden(make(delimiters, UNOPENED, AnswerMode.STRUCTURED), stream, delimiters, expect, seed=3)
+
+
+def test_a_nullable_parameter_reads_none_as_null(qwen_tokenizer, delimiters):
+    """transformers' `get_json_schema` writes ``Optional[int]`` as ``{"type": "integer", "nullable":
+    true}`` (OpenAPI's spelling), and Qwen3-Coder's template renders a None value ``None``; the value
+    came back as the string "None" with INVALID_VALUE, where transformers' response parser (its
+    ``_coerce`` reads ``nullable``) gives null."""
+    tools = ToolRegistry.from_openai([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"days": {"type": "integer", "nullable": True},
+                                         "city": {"type": "string", "nullable": True}}}}}])
+    nulls = call("get_weather", ("days", "None"), ("city", "null"))
+    text = nulls + call("get_weather", ("days", "4"), ("city", "Oslo"))
+    stream = detokenize(qwen_tokenizer, encode(qwen_tokenizer, [text]))
+    make = lambda: OutputPipeline.create(SYNTAX, delimiters, OutputRequest(tools, "call_", OutputStart(UNOPENED)))
+    check_golden(make, stream, delimiters, Expect("", "", (Call("get_weather", {"days": None, "city": None}),
+                                                             Call("get_weather", {"days": 4, "city": "Oslo"}))), seed=4)

@@ -147,6 +147,9 @@ class SchemaDocument:
                 path.append(ref)
                 target = self._targets[ref]
                 ref = target.get("$ref") if isinstance(target, Mapping) else None
+                # A target outside schema position (a ``properties`` map holding a parameter named
+                # "$ref", a data keyword's value) may carry a "$ref" key that is no ref checked above.
+                ref = ref if isinstance(ref, str) and ref in self._targets else None
             settled.update(path)
 
     def _error(self, ref: str, problem: str) -> SchemaRefError:

@@ -16,7 +16,9 @@ answer text (`StrayText.CONTENT`) and to `MarkupDropped` inside recipient tool f
 - unknown invocation name (`UNKNOWN_TOOL`), a named recipient's mismatch (`RECIPIENT_MISMATCH`),
   an invocation beyond the frame limit (`EXTRA_INVOCATION`), or non-whitespace text before a block's
   first invocation (`MALFORMED_CALL`): if the block has no started call yet, the whole block up to
-  and including its closer is raw; otherwise that invocation up to its closer is raw;
+  and including its closer is raw; otherwise that invocation up to its closer is raw. A block
+  opener before a block's first invocation or in its raw text ends the raw text there and opens a
+  block (prose that names the opener does not swallow the call after it);
 - a value closer is the value's end only where whitespace and then a tag that may follow a value
   (a key, the invocation or block closer) or the end of the output follow it; before other text it
   is value text (templates write values unescaped: ``x</parameter>y`` is one value);
@@ -75,12 +77,12 @@ class TagToolParser:
         end = g.invoke_close or g.block_close
         self._sets = {
             _S.CONTENT: _tags(open=g.block_open),
-            _S.BLOCK: _tags(invoke=g.invoke_open, close=g.block_close),
-            _S.NAME: _tags(sep=g.name_separator, key=g.key_open, close=g.block_close),
+            _S.BLOCK: _tags(invoke=g.invoke_open, close=g.block_close, open=g.block_open),
+            _S.NAME: _tags(sep=g.name_separator, key=g.key_open, close=g.block_close, open=g.block_open),
             _S.INVOKE: _tags(key=g.key_open, end=end, close=g.block_close if g.invoke_close else ""),
             _S.KEY: _tags(value=g.value_open, key=g.key_open, end=g.block_close),
             _S.VALUE: _tags(close=g.value_close),
-            _S.REJECT_BLOCK: _tags(close=g.block_close),
+            _S.REJECT_BLOCK: _tags(close=g.block_close, open=g.block_open),
             _S.REJECT_INVOKE: _tags(close=g.invoke_close or g.block_close),
         }
         self._state = _S.CONTENT
@@ -213,6 +215,8 @@ class TagToolParser:
         state = self._state
         if state is _S.CONTENT:
             self._open_block(out, tag_text)
+        elif label == "open" and state in (_S.BLOCK, _S.NAME):
+            self._block_opener(out, tag_text)
         elif state is _S.BLOCK:
             if label == "invoke":
                 self._start_invoke(out, captures[0], tag_text)
@@ -225,6 +229,8 @@ class TagToolParser:
         elif state is _S.VALUE:
             self._closing = [tag_text]
             self._state = _S.CLOSING
+        elif label == "open":  # a block opener in a rejected block: the rejected text ends, a block starts
+            self._open_block(out, tag_text)
         else:  # a rejected block or invocation ends
             self._raw_out(out, tag_text)
             self._state = _S.CONTENT if state is _S.REJECT_BLOCK else _S.BLOCK
@@ -268,6 +274,18 @@ class TagToolParser:
         self._after_block = False
         self._raw, self._block_calls = [lead, tag_text], 0
         self._state = _S.NAME if self._g.invoke_open is None else _S.BLOCK
+
+    def _block_opener(self, out: list[Event], tag_text: str) -> None:
+        """A block opener inside an open block. Before the block's first invocation, the block so far
+        is raw and a new block opens (prose naming the opener must not swallow the call after it);
+        after a started call it is stray text."""
+        if self._block_calls:
+            self._stray.append(tag_text)
+            return
+        self._raw.append("".join(self._name))
+        self._name = []
+        self._reject_block(out, ParseError(ParseErrorKind.MALFORMED_CALL, "text before the first invocation"))
+        self._open_block(out, tag_text)
 
     def _close_empty_or_block(self, out: list[Event], tag_text: str) -> None:
         if not self._block_calls:

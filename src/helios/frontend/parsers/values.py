@@ -2,14 +2,16 @@
 
 `ToolRegistry` is built once per request from the OpenAI ``tools`` list. For each parameter it
 keeps the JSON types the schema allows (``type`` as a string or a list, ``enum``/``const`` values,
-``anyOf``/``oneOf`` branches, narrowed by local ``$ref`` targets and ``allOf`` branches, see
-`schema_kinds`). Each tool's schema is checked as a `SchemaDocument` first: a remote or unresolvable
-``$ref`` raises `SchemaRefError` (HTTP 400). `typed_value` turns a parameter's raw text into JSON text:
+``anyOf``/``oneOf`` branches, OpenAPI's ``nullable``, narrowed by local ``$ref`` targets and ``allOf``
+branches, see `schema_kinds`). Each tool's schema is checked as a `SchemaDocument` first: a remote or
+unresolvable ``$ref`` raises `SchemaRefError` (HTTP 400). `typed_value` turns a parameter's raw text
+into JSON text:
 
 - a parameter allowing only ``string`` (or one with no usable type: undeclared, untyped) is the raw
   text, verbatim;
 - otherwise the other allowed types are tried on the text without surrounding whitespace, in this
-  order: integer, number, boolean, null, object/array (as JSON); then ``string`` if allowed;
+  order: integer, number, boolean, null, object/array (as JSON), an integer spelled as a whole
+  number (``3.0``, ``1e3``); then ``string`` if allowed;
 - if nothing fits, the raw text is kept as a JSON string and the result says it was invalid.
 """
 
@@ -105,10 +107,11 @@ class ToolRegistry:
 def schema_kinds(schema: Any, document: SchemaDocument | None = None) -> frozenset[ValueKind]:
     """JSON types a (sub)schema allows; empty when it declares none.
 
-    ``type``, ``enum``/``const`` and ``anyOf``/``oneOf`` branches add kinds. With the ``document``
-    the schema belongs to, its ``$ref`` target and ``allOf`` branches narrow them (an intersection
-    when both sides declare kinds); a ref already being followed adds nothing (the least fixed
-    point of a recursion such as ``A = anyOf[A, null]``). Each ref is followed once per call.
+    ``type``, ``enum``/``const``, ``anyOf``/``oneOf`` branches and ``nullable: true`` (beside other
+    kinds) add kinds. With the ``document`` the schema belongs to, its ``$ref`` target and ``allOf``
+    branches narrow them (an intersection when both sides declare kinds); a ref already being followed
+    adds nothing (the least fixed point of a recursion such as ``A = anyOf[A, null]``). Each ref is
+    followed once per call.
     """
     return _kinds(schema, document, frozenset(), {})
 
@@ -122,7 +125,7 @@ def _kinds(schema: Any, document: SchemaDocument | None, visiting: frozenset[str
     for name in declared if isinstance(declared, list) else [declared]:
         if isinstance(name, str) and name in ValueKind._value2member_map_:
             kinds.add(ValueKind(name))
-    for literal in [*(schema.get("enum") or ()), *([schema["const"]] if "const" in schema else [])]:
+    for literal in [*_branches(schema, "enum"), *([schema["const"]] if "const" in schema else [])]:
         kinds.add(_kind_of(literal))
     for key in ("anyOf", "oneOf"):
         for branch in _branches(schema, key):
@@ -135,10 +138,16 @@ def _kinds(schema: Any, document: SchemaDocument | None, visiting: frozenset[str
         if ref not in memo:
             memo[ref] = _kinds(document.resolve(ref), document, visiting | {ref}, memo)
         narrowed = _both(narrowed, memo[ref])
+    if narrowed and schema.get("nullable") is True:
+        # OpenAPI's spelling of Optional, which transformers' `get_json_schema` writes for
+        # `Optional[int]`: null beside the declared kinds (a model writes it `None` or `null`)
+        narrowed |= {ValueKind.NULL}
     return narrowed
 
 
 def _branches(schema: Mapping, key: str) -> list:
+    """The list under ``key``; empty when it is not a list (a malformed ``enum: 5`` or ``anyOf: {}``
+    constrains nothing here: typing model text never fails a request for its schema)."""
     branches = schema.get(key)
     return branches if isinstance(branches, list) else []
 
@@ -239,6 +248,12 @@ def typed_value(raw: str, kinds: frozenset[ValueKind]) -> TypedValue:
             ok, value = _try_kind(kind, text)
             if ok:
                 return TypedValue(dump_json(value), True)
+    if ValueKind.INTEGER in kinds:
+        # JSON Schema's integers are the numbers with a zero fractional part: "3.0" is 3 (as
+        # transformers' response parser reads it), which no other allowed kind took above
+        ok, value = _try_kind(ValueKind.NUMBER, text)
+        if ok and float(value).is_integer():
+            return TypedValue(dump_json(int(value)), True)
     return TypedValue(dump_json(raw), ValueKind.STRING in kinds)
 
 
