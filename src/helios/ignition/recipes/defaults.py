@@ -6,7 +6,9 @@ families that default is not the generic fallback a recipe reads (Mixtral's ``ro
 DeepSeek-V3's routing groups, ...). `with_reference_defaults` fills them in before a recipe reads
 the configuration, so a terse config.json prepares the model the reference loads, not another one.
 Only missing keys are filled: an explicit null keeps its meaning (``"sliding_window": null`` is full
-attention). Values are transformers 5's class defaults.
+attention). Values are transformers 5's class defaults. Before they are filled, a key config.json
+spells by its config class's alias (``attribute_map``: Hunyuan MoE's ``num_experts_per_tok`` for
+``moe_topk``) is moved to the key the recipes read (`REFERENCE_ALIASES`), as the reference maps it.
 """
 
 from __future__ import annotations
@@ -230,6 +232,40 @@ REFERENCE_DEFAULTS["VaultGemmaForCausalLM"] = REFERENCE_DEFAULTS["Gemma2ForCausa
 REFERENCE_DEFAULTS["GlmForCausalLM"] = REFERENCE_DEFAULTS["Glm4ForCausalLM"]  # GlmConfig's are Glm4Config's
 
 
+# Keys a reference's config class reads under another name (its ``attribute_map``, alias: canonical):
+# transformers sets the canonical attribute from an alias config.json holds, and the alias wins over
+# the canonical key beside it. The recipes read the canonical keys, so the alias is moved there first:
+# a Hunyuan MoE config.json's ``num_experts_per_tok`` otherwise left ``moe_topk`` at its class default
+# (another routing, served silently), and an alias expert count was refused for the default's experts.
+REFERENCE_ALIASES: dict[str, dict[str, str]] = {
+    "MixtralForCausalLM": {"num_experts": "num_local_experts"},
+    "Qwen3MoeForCausalLM": {"num_experts": "num_local_experts"},
+    "GptOssForCausalLM": {"num_experts": "num_local_experts"},
+    "MiniMaxM2ForCausalLM": {"num_experts": "num_local_experts"},
+    "OlmoeForCausalLM": {"num_local_experts": "num_experts"},
+    "FlexOlmoForCausalLM": {"num_local_experts": "num_experts"},
+    "Glm4MoeForCausalLM": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
+    "DeepseekV3ForCausalLM": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
+    "DeepseekV2ForCausalLM": {"num_experts": "n_routed_experts"},
+    "DeepseekV32ForCausalLM": {"num_local_experts": "n_routed_experts"},
+    "GlmMoeDsaForCausalLM": {"num_local_experts": "n_routed_experts"},
+    "Glm4MoeLiteForCausalLM": {"num_local_experts": "n_routed_experts", "head_dim": "qk_rope_head_dim"},
+    "Dots1ForCausalLM": {"num_local_experts": "n_routed_experts"},
+    "SolarOpenForCausalLM": {"num_local_experts": "n_routed_experts"},
+    "HunYuanMoEV1ForCausalLM": {"num_experts_per_tok": "moe_topk", "num_local_experts": "num_experts"},
+    "Ernie4_5_MoeForCausalLM": {"num_experts": "moe_num_experts", "num_experts_per_tok": "moe_k",
+                                "num_mtp_layers": "num_nextn_predict_layers"},
+    "JetMoeForCausalLM": {"head_dim": "kv_channels"},
+    "DbrxForCausalLM": {"num_attention_heads": "n_heads", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
+                        "max_position_embeddings": "max_seq_len"},
+}
+
+
 def with_reference_defaults(source: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    """`config` with the `source` family's reference defaults for the keys it does not hold."""
-    return {**REFERENCE_DEFAULTS.get(source, {}), **config}
+    """`config` with its `source` family's aliases under their canonical keys (`REFERENCE_ALIASES`)
+    and the family's reference defaults for the keys it does not hold."""
+    resolved = dict(config)
+    for alias, key in REFERENCE_ALIASES.get(source, {}).items():
+        if alias in resolved:
+            resolved[key] = resolved.pop(alias)
+    return {**REFERENCE_DEFAULTS.get(source, {}), **resolved}

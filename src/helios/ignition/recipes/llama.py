@@ -35,10 +35,12 @@ LAYER_TYPES = ("sliding_attention", "full_attention")  # layer kinds of layer_ty
 # ``original_max_position_embeddings`` before the rope dict's own (Phi-3's spelling), else from
 # ``max_position_embeddings``.
 _ORIGINAL_CONTEXT_TYPES = ("llama3", "yarn")
-# Their references mask causally whatever sliding_window, use_sliding_window and layer_types say.
+# Their references mask causally whatever sliding_window, use_sliding_window and layer_types say (Llama 4's
+# locality is its own chunks, `llama4._layer_chunks`).
 _NO_WINDOW = ("LlamaForCausalLM", "SeedOssForCausalLM", "Ernie4_5ForCausalLM", "GraniteForCausalLM",
               "HunYuanDenseV1ForCausalLM", "InternLM3ForCausalLM", "Ernie4_5_MoeForCausalLM", "GraniteMoeForCausalLM",
-              "GraniteMoeSharedForCausalLM", "MiniMaxM2ForCausalLM", "OlmoeForCausalLM")
+              "GraniteMoeSharedForCausalLM", "MiniMaxM2ForCausalLM", "OlmoeForCausalLM", "Glm4MoeForCausalLM",
+              "HunYuanMoEV1ForCausalLM", "Llama4ForCausalLM", "Llama4ForConditionalGeneration")
 _EVERY_LAYER_WINDOW = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 _WINDOW_SWITCHED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")  # use_sliding_window
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -91,11 +93,11 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
 
 def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
     """Per-layer sliding window (0 = full attention), as the Hugging Face reference resolves it: Llama,
-    Seed-OSS, Ernie 4.5 (dense and MoE), Granite (and Granite MoE), Hunyuan, InternLM3, OLMoE and MiniMax-M2
-    have none; Mistral, Mixtral and Qwen3-MoE slide every layer over ``sliding_window`` (their references read
-    no ``layer_types``); the Qwen families' window applies only with ``use_sliding_window`` (their references
-    drop it otherwise, and a sliding layer without a window attends fully); the others follow ``layer_types``,
-    or slide from ``max_window_layers`` on."""
+    Seed-OSS, Ernie 4.5 (dense and MoE), Granite (and Granite MoE), Hunyuan (dense and MoE), InternLM3, OLMoE,
+    MiniMax-M2, GLM-4.5 and Llama 4 have none; Mistral, Mixtral and Qwen3-MoE slide every layer over
+    ``sliding_window`` (their references read no ``layer_types``); the Qwen families' window applies only
+    with ``use_sliding_window`` (their references drop it otherwise, and a sliding layer without a window
+    attends fully); the others follow ``layer_types``, or slide from ``max_window_layers`` on."""
     if source in _NO_WINDOW:  # before reading sliding_window: these references never read it
         return (0,) * num_layers
     window = int(config.get("sliding_window") or 0)

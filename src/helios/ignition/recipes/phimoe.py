@@ -47,7 +47,9 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise UnsupportedCheckpoint(f"config.json: router_jitter_noise {eps!r} must be a finite number >= 0")
     window = config["sliding_window"]
-    plain = {**config, "layer_types": None, "sliding_window": None, "rope_scaling": None,  # (the rope: below)
+    # Llama's attention without its windows (PhiMoE's reference reads neither layer_types nor the Qwen
+    # switch: every layer slides over sliding_window, set below) and with a plain rope (the rope: below).
+    plain = {**config, "layer_types": None, "sliding_window": None, "use_sliding_window": None, "rope_scaling": None,
              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
     base = llama.architecture_from_config(source, plain, tensors, dtype)
     inv_freq, factor = _rope(config, base.head_dim)
