@@ -15,7 +15,8 @@ import pytest
 from helios.ignition.recipes.defaults import with_reference_defaults
 
 from .hf_checkpoints import (
-    DBRX, DEEPSEEK_V2, ERNIE4_5_MOE, GLM4_MOE, GLM4_MOE_LITE, HUNYUAN_MOE, JETMOE, MIXTRAL, Family,
+    BAILING_HYBRID, DBRX, DEEPSEEK_V2, ERNIE4_5_MOE, GLM4_MOE, GLM4_MOE_LITE, HUNYUAN_MOE, JETMOE, KIMI_LINEAR, MIXTRAL,
+    Family,
 )
 from .test_config_fuzz import Variant, check_variant
 
@@ -34,6 +35,8 @@ ALIASED = [
     (GLM4_MOE_LITE, "qk_rope_head_dim", "head_dim"),
     (JETMOE, "kv_channels", "head_dim"),
     (DBRX, "n_heads", "num_attention_heads"),
+    (KIMI_LINEAR, "num_experts_per_token", "num_experts_per_tok"),  # the default top-8 was read in its place
+    (BAILING_HYBRID, "num_experts_per_token", "num_experts_per_tok"),
 ]
 
 

@@ -256,6 +256,14 @@ REFERENCE_ALIASES: dict[str, dict[str, str]] = {
     "Ernie4_5_MoeForCausalLM": {"num_experts": "moe_num_experts", "num_experts_per_tok": "moe_k",
                                 "num_mtp_layers": "num_nextn_predict_layers"},
     "JetMoeForCausalLM": {"head_dim": "kv_channels"},
+    # KimiLinearConfig's and BailingHybridConfig's (the recipes read the canonical key first, which the
+    # defaults below had filled: a config.json's num_experts_per_tok was read as the default top-8)
+    "KimiLinearForCausalLM": {"num_local_experts": "num_experts", "num_experts_per_tok": "num_experts_per_token",
+                              "n_group": "num_expert_group", "norm_topk_prob": "moe_renormalize",
+                              "n_shared_experts": "num_shared_experts"},
+    "BailingHybridForCausalLM": {"num_local_experts": "num_experts", "num_experts_per_tok": "num_experts_per_token",
+                                 "n_group": "num_expert_group", "norm_topk_prob": "moe_renormalize",
+                                 "n_shared_experts": "num_shared_experts", "num_mtp_layers": "num_nextn_predict_layers"},
     "DbrxForCausalLM": {"num_attention_heads": "n_heads", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
                         "max_position_embeddings": "max_seq_len"},
 }
