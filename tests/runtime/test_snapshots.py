@@ -149,3 +149,25 @@ def test_state_layouts_carry_slot_state_even_at_page_boundaries():
     snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
     snapshots.hold(snapshot)
     assert snapshots.restore_copies(snapshot, 0, [], 2) == [CopyOp(Location(CONT, 0), Location(STATE, 2), 0)]
+
+
+def test_a_published_state_is_known_from_its_capture_until_it_is_dropped():
+    """`is_published` answers for a published capture still being written (another request reaching
+    the same state then captures nothing), never for a private one, a failed one or another state."""
+    pool, snapshots = store(rows=4, host=8)
+    tokens = list(range(10))
+    key = chain_of(tokens)[-1]
+    _, (snapshot, _) = capture(snapshots, pool, tokens)
+    assert snapshots.is_published(tokens, key)  # being captured
+    assert not snapshots.is_published(tokens[:9], chain_of(tokens[:9])[-1])
+    probe = tokens + [77]
+    assert snapshots.find(probe, chain_of(probe), ROOT) is None  # lookups still wait for its fence
+    snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, False)
+    assert not snapshots.is_published(tokens, key)  # a failed capture publishes nothing
+    _, (private, _) = capture(snapshots, pool, tokens, Residence.HOST, owner="preempted")
+    assert not snapshots.is_published(tokens, key)
+    _, (published, _) = capture(snapshots, pool, tokens)
+    snapshots.settle(published.snapshot_id, FenceKind.CAPTURE, True)
+    assert snapshots.is_published(tokens, key) and snapshots.num_published == 1
+    snapshots.discard(private.snapshot_id)
+    snapshots.check()

@@ -352,9 +352,9 @@ class CacheManager:
     def checkpoint(self, req: RequestState, residence: Residence) -> CopyWork | None:
         """Checkpoint the committed state and release the request's other pages.
 
-        Device checkpoints are published for later requests (owner None); host checkpoints are
-        private to a preempted request. Returns the copies, or None with nothing changed (the
-        caller then releases as usual).
+        Device checkpoints are published for later requests (owner None), unless that state is
+        published already; host checkpoints are private to a preempted request. Returns the copies,
+        or None with nothing changed (the caller then releases as usual).
         """
         endpoint = min(req.num_computed_tokens, len(req.token_ids))
         if endpoint == 0 or req.num_released_pages or self.window is not None or (
@@ -366,8 +366,10 @@ class CacheManager:
         key = req.chain[num_complete - 1] if num_complete else req.root
         covered = -(-endpoint // page_tokens)
         owner = req.request_id if residence == Residence.HOST else None
-        result = self.snapshots.capture(tuple(keyed_tokens(req)[:endpoint]), key, req.page_ids[:covered],
-                                        req.slot, owner, residence)
+        token_ids = tuple(keyed_tokens(req)[:endpoint])
+        if owner is None and self.snapshots.is_published(token_ids, key):
+            return None  # that state is published already (another request ended there)
+        result = self.snapshots.capture(token_ids, key, req.page_ids[:covered], req.slot, owner, residence)
         if result is None:
             return None
         snapshot, copies = result
@@ -393,7 +395,8 @@ class CacheManager:
         """Publish a snapshot of the request's committed state at `endpoint` (default: its prompt
         boundary; or the end of its stable prefix), keeping its pages (complete pages are shared by
         reference, the partial page and state rows are copied to a continuation row). Only where
-        `publishes_prompt_snapshots`. None when not applicable, already published, or no row is free;
+        `publishes_prompt_snapshots`. None when not applicable, already published (or being captured
+        for another request that reached the same state), or no row is free;
         also when the request released pages outside its sliding window (a layout with recurrent
         state whose paged regions all slide): as with `checkpoint`, a snapshot would lack them."""
         endpoint = req.num_prompt_tokens if endpoint is None else endpoint
@@ -403,10 +406,9 @@ class CacheManager:
         num_complete = endpoint // page_tokens
         self.extend_chain(req, num_complete)
         keyed = keyed_tokens(req)
-        probe = self.snapshots.find(keyed[:endpoint + 1], req.chain, req.root)
-        if probe is not None and probe.endpoint == endpoint:
-            return None  # the same prompt's state is already published
         key = req.chain[num_complete - 1] if num_complete else req.root
+        if self.snapshots.is_published(keyed[:endpoint], key):
+            return None  # the same prompt's state is published, or being captured (a request beside it)
         pages = req.page_ids[:-(-endpoint // page_tokens)]
         self.pool.retain(pages)  # the snapshot's own references; the request keeps its pages
         result = self.snapshots.capture(tuple(keyed[:endpoint]), key, pages, req.slot, None,

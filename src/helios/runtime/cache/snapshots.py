@@ -10,8 +10,10 @@ Byte copies are requested as `CopyOp`s that travel in a plan; the scheduler repo
 outcome through `settle`. A snapshot being written (capture or offload) is unusable until its
 copies complete; a failed capture is dropped, never published; a failed offload leaves the
 snapshot on the device. Pages read or written by in-flight copies stay referenced (`fenced`)
-until `settle`. Published snapshots (owner None) are indexed for prefix lookup and evicted in
-LRU order; private snapshots belong to one preempted request and are consumed by its restore.
+until `settle`. Published snapshots (owner None) are indexed for prefix lookup from their capture
+(lookups skip them until it completes; `is_published` does not, so a state reached by two requests
+at once is captured once) and evicted in LRU order; private snapshots belong to one preempted
+request and are consumed by its restore.
 """
 
 from __future__ import annotations
@@ -153,6 +155,8 @@ class SnapshotStore:
             copies.extend(self._tail_copies(pages[num_complete] if partial else -1, partial,
                                             snapshot.tail, state_slot))
         self._snapshots[snapshot.snapshot_id] = snapshot
+        if owner is None:
+            self._index.setdefault(key, set()).add(snapshot.snapshot_id)
         return snapshot, copies
 
     def _tail_copies(self, page: int, partial: int, tail: Location, state_slot: int) -> list[CopyOp]:
@@ -197,8 +201,7 @@ class SnapshotStore:
             snapshot.doomed = True
             return
         snapshot.ready = True
-        if snapshot.owner is None and not snapshot.doomed:
-            self._index.setdefault(snapshot.key, set()).add(snapshot.snapshot_id)
+        if snapshot.owner is None and not snapshot.doomed:  # (indexed since its capture)
             self._lru[snapshot.snapshot_id] = None
             self.num_published += 1
 
@@ -222,8 +225,17 @@ class SnapshotStore:
 
     @property
     def has_published(self) -> bool:
-        """Whether some published snapshot can be found (`find` reads the whole chain then)."""
+        """Whether some published snapshot, ready or being captured, is indexed (`find` reads the
+        whole chain then)."""
         return bool(self._index)
+
+    def is_published(self, token_ids: Sequence[int], key: bytes) -> bool:
+        """Whether a published snapshot, ready or still being captured, holds exactly the state of
+        `token_ids` (keyed; `key`: the chain digest of its last complete page, or the root). A second
+        capture of it would only take a continuation row from another snapshot, evicting it."""
+        token_ids = tuple(token_ids)
+        return any(not self._snapshots[snapshot_id].doomed and self._snapshots[snapshot_id].token_ids == token_ids
+                   for snapshot_id in self._index.get(key, ()))
 
     def find(self, token_ids: Sequence[int], chain: Sequence[bytes], root: bytes) -> Snapshot | None:
         """The ready published snapshot with the longest endpoint < len(token_ids) that is a
