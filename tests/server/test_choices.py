@@ -25,7 +25,7 @@ def client(served):
 
 def chat(client, **fields):
     return client.chat.completions.create(model=SERVED_ID, messages=[{"role": "user", "content": "hello"}],
-                                          max_tokens=4, **fields)
+                                          **{"max_tokens": 4, **fields})
 
 
 async def collect(stream) -> list:
@@ -136,3 +136,58 @@ def test_choices_share_the_prompt_pages(runner, client, served, best_of):
         alone = runner.run(client.completions.create(model=SERVED_ID, prompt=prompt, max_tokens=6, seed=21 + j,
                                                      temperature=1.0))
         assert choice.text == alone.choices[0].text
+
+
+WEATHER = {"type": "function", "function": {  # a short call: a random model writes it well within the context
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"enum": ["Oslo", "Rome"]}},
+                                          "required": ["city"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_prompt_is_prepared_once_for_its_choices(runner, client, served, monkeypatch, stream):
+    """Template render, images, tokens and the grammar's check run once for ``n`` choices (they ran
+    n times); each choice still gets a grammar matcher of its own (compiled from the first's source:
+    a fork would share its lexer's limits, `test_grammar_limit_http`), with the source an engine
+    process compiles it from, and tool-call ids of its own."""
+    frontend, commands = served.frontend, served.commands
+    prepared, submitted = [], []
+    prepare_chat, submit = frontend.prepare_chat, commands.submit
+    monkeypatch.setattr(frontend, "prepare_chat", lambda *a, **k: prepared.append(1) or prepare_chat(*a, **k))
+    monkeypatch.setattr(commands, "submit", lambda request: submitted.append(request) or submit(request))
+    response = runner.run(chat(client, n=3, seed=3, temperature=1.0, max_tokens=None, tools=[WEATHER],
+                               tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                               stream=stream))
+    assert len(prepared) == 1
+    grammars = [request.grammar for request in submitted]
+    assert len(grammars) == 3 and grammars[0].source is not None
+    assert {grammar.source for grammar in grammars} == {grammars[0].source}
+    assert len({id(grammar._matcher) for grammar in grammars}) == 3
+    calls = {}
+    if stream:
+        for chunk in runner.run(collect(response)):
+            for choice in chunk.choices:
+                for call in choice.delta.tool_calls or ():
+                    if call.id:
+                        calls.setdefault(choice.index, []).append(call.id)
+                if choice.finish_reason is not None:
+                    assert choice.finish_reason == "tool_calls"
+    else:
+        for choice in response.choices:
+            assert choice.finish_reason == "tool_calls"
+            assert [call.function.name for call in choice.message.tool_calls] == ["get_weather"]
+            calls[choice.index] = [call.id for call in choice.message.tool_calls]
+    assert sorted(calls) == [0, 1, 2]
+    ids = [call_id for choice_ids in calls.values() for call_id in choice_ids]
+    assert len(set(ids)) == len(ids)
+    assert served.admission.in_use == 0
+
+
+def test_batched_prompts_are_prepared_once_each(runner, client, served, monkeypatch):
+    prepared = []
+    prepare_completion = served.frontend.prepare_completion
+    monkeypatch.setattr(served.frontend, "prepare_completion",
+                        lambda body, *a, **k: prepared.append(body.prompt) or prepare_completion(body, *a, **k))
+    response = runner.run(client.completions.create(model=SERVED_ID, prompt=["hello", "hello", "bye"], max_tokens=2,
+                                                    n=3, temperature=0))
+    assert prepared == ["hello", "hello", "bye"]
+    assert [choice.index for choice in response.choices] == list(range(9))

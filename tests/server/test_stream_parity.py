@@ -540,13 +540,13 @@ def test_logprobs_of_an_output_without_entries_stream_empty(runner, http, specia
 
 
 def test_choices_of_one_stream_share_created(runner, http, monkeypatch):
-    """Each choice is prepared apart, and may be prepared in a later second than the first: every
-    chunk of the stream carries the first choice's ``created``, as the JSON body does."""
+    """Each prompt of a batch is prepared apart, and may be prepared in a later second than the
+    first: every chunk of the stream carries the first choice's ``created``, as the JSON body does."""
     from helios.frontend import session
 
     seconds = iter(range(1_800_000_000, 1_900_000_000))
     monkeypatch.setattr(session, "time", type("Clock", (), {"time": staticmethod(lambda: next(seconds))}))
-    body = {"model": SERVED_ID, "prompt": "hello", "max_tokens": 2, "temperature": 0, "n": 3}
+    body = {"model": SERVED_ID, "prompt": ["hello", "bye"], "max_tokens": 2, "temperature": 0, "n": 2}
     _, chunks = check_parity(runner, http["asgi"], "/v1/completions", body)
     assert len({chunk["created"] for chunk in chunks}) == 1
 
@@ -767,3 +767,8 @@ def test_choices_of_a_scored_chat_stream_its_prompt_logprobs_once(runner, http):
     plain, chunks = check_parity(runner, http["uvicorn"], "/v1/chat/completions", body)
     assert plain["prompt_logprobs"][0] is None and len(plain["prompt_logprobs"]) == plain["usage"]["prompt_tokens"]
     assert [chunk["choices"][0]["index"] for chunk in chunks if "prompt_logprobs" in chunk] == [0]
+    # The other choices send no chunk of their own for the scores (they sent one with nothing in it)
+    empty = [chunk for chunk in chunks if chunk["choices"] and "prompt_logprobs" not in chunk
+             and chunk["choices"][0]["delta"] == {} and chunk["choices"][0]["finish_reason"] is None
+             and chunk["choices"][0]["logprobs"] is None]
+    assert empty == []

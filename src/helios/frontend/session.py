@@ -20,7 +20,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple, Sequence
 
 from helios.contract import PreparedContract
@@ -65,6 +65,11 @@ from helios.frontend.preparation.template import ChatTemplate
 from helios.frontend.decoding.text_bounds import TextBounds, strings_of
 from helios.runtime.execution.images import RequestImages
 from helios.runtime.records.request import RequestSpec
+
+
+def call_id_prefix(request_id: str) -> str:
+    """The prefix of the tool-call ids of request `request_id` (unique per request)."""
+    return f"call_{request_id}_"
 
 
 def random_seed() -> int:
@@ -161,6 +166,16 @@ class PreparedRequest:
 
     def new_output(self) -> OutputProcessor:
         return self.output.create()
+
+    def for_choice(self, request_id: str, grammar: GrammarMatcher | None) -> PreparedRequest:
+        """Another choice of the same body (``n`` > 1) under `request_id`, with `grammar` (a matcher
+        of its own, `FrontendModel.prepare_choice`), without preparing it again: the prompt, images
+        and head are shared; its tool-call ids are its own."""
+        output = self.output
+        if output.request is not None:
+            request = replace(output.request, call_id_prefix=call_id_prefix(request_id))
+            output = replace(output, request=request)
+        return replace(self, request_id=request_id, grammar=grammar, output=output)
 
     def new_stream(self) -> StreamPresenter:
         return StreamPresenter(self.head)
@@ -300,7 +315,7 @@ class FrontendModel:
         request_id = request_id or uuid.uuid4().hex
         output_request = OutputRequest(
             ToolRegistry.from_openai(tools),
-            call_id_prefix=f"call_{request_id}_",
+            call_id_prefix=call_id_prefix(request_id),
             start=self._syntax.output_start(prompt),
             answer=AnswerMode.STRUCTURED if answer is not None else AnswerMode.FREE,
         )
@@ -314,6 +329,18 @@ class FrontendModel:
             request_id, head, prompt.token_ids, params, grammar, prompt.stable_prefix_len, factory, prompt=prompt,
             images=images,
         )
+
+    def prepare_choice(self, prepared: PreparedRequest, request_id: str) -> PreparedRequest:
+        """Another choice of the request `prepared` (``n`` > 1) under `request_id`, without rendering,
+        tokenizing or checking it again (`PreparedRequest.for_choice`). Its grammar matcher is compiled
+        again from the first's source and started as the first's was, as an engine process compiles
+        each request's: a fork of the first's matcher would share its lexer, whose limits then count
+        every choice's work (a choice met a grammar limit sooner than alone)."""
+        grammar = None
+        if prepared.grammar is not None:
+            grammar = self._grammar.compile_source(prepared.grammar.source)
+            grammar.bitmask()  # its first mask, as `GrammarCompiler` starts a request's matcher
+        return prepared.for_choice(request_id, grammar)
 
     def prepare_completion(self, body, ingress_ns: int | None = None, *, request_id: str | None = None,
                            created: int | None = None) -> PreparedCompletion:

@@ -112,8 +112,10 @@ class ChoicesPresenter:
                     chunk["prompt_token_ids"] = prompt_ids
                 if self._is_batch:
                     chunk["choices"][0]["prompt_token_ids"] = prompt_ids
-            if index != 0:  # a chat prompt's scores: once, the first choice's, as the JSON body has
-                chunk.pop("prompt_logprobs", None)
+            if index != 0 and chunk.pop("prompt_logprobs", None) is not None:
+                # A chat prompt's scores: once, the first choice's, as the JSON body has them; the
+                # other choices' chunk of them (`StreamPresenter._echo_chunks`) carries nothing else.
+                continue
             out.append(sse_data(chunk))
         return b"".join(out)
 

@@ -1,9 +1,11 @@
 """Several choices in one response: ``n`` > 1 and batched prompts in ``/v1/completions``.
 
 A request with ``n`` choices per prompt (and, for text completions, a list of prompts) runs as one
-engine request per choice, each prepared like a request of its own (its own grammar matcher and
-output path) and holding its own admission permit (all taken at once, or the request gets 429;
-more choices than the server has permits is a 400, `helios.server.admission`).
+engine request per choice, with its own grammar matcher, tool-call ids and output path (a prompt is
+prepared once: its other choices share its template render, tokens, images and grammar check, and
+compile only a matcher of their own, `FrontendModel.prepare_choice`), and holding its own admission
+permit (all taken at once, or the request gets 429; more choices than the server has permits is a
+400, `helios.server.admission`).
 Choice ``j`` of a prompt samples with seed ``s + j`` (mod 2**64), ``s`` being the seed that prompt's
 first choice resolved (the request's ``seed``, the core's fixed seed, or fresh random bits), so a
 seeded request is reproducible choice by choice and greedy choices are identical. The prompt is

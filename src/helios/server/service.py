@@ -16,7 +16,8 @@ specification fixes:
    never wait on its pipe: `helios.server.engine_commands`);
 6. the response (`helios.server.responses`), which owns the permit from then on.
 
-A request with several choices (``n`` > 1, batched prompts) runs steps 3-6 once per choice
+A request with several choices (``n`` > 1, batched prompts) runs steps 3-6 once per choice, but
+step 4 prepares each prompt once: its other choices only compile their own grammar matcher
 (`helios.server.fanout`). Each engine request's bridge stamps the request's `RequestRecord` from
 its events (latency histograms, access log; `helios.server.request_metrics`).
 
@@ -256,21 +257,29 @@ class ServedModel:
     async def _respond_choices(self, bodies, is_chat: bool, ingress_ns: int | None, receive: Receive,
                                record: RequestRecord, param: str, is_batch: bool) -> Response:
         """Several choices (``n``, batched prompts): one engine request each (`helios.server.fanout`);
-        every choice is prepared before any is submitted, so a batch with a prompt it cannot serve
-        is that prompt's 400 (naming ``prompt[i]``), never a partial answer."""
+        every prompt is prepared (template, images, tokens, grammar check) once, and its other choices
+        are derived from that (`FrontendModel.prepare_choice`), all before any is submitted, so a batch
+        with a prompt it cannot serve is that prompt's 400 (naming ``prompt[i]``), never a partial
+        answer."""
         permits = self.admission.acquire_many(len(bodies), param)
         try:
             prepare = self.frontend.prepare_chat if is_chat else self.frontend.prepare_completion
             base = uuid.uuid4().hex
-            prepared, first_seeds = [], {}
+            prepared, firsts = [], {}
             for k, (prompt_index, choice, body) in enumerate(bodies):
-                try:
-                    one = await self.preparation.run(functools.partial(prepare, request_id=f"{base}-{k}"), body,
-                                                     ingress_ns, compiles=is_chat and compiles_grammar(body))
-                except RequestError as error:
-                    raise named_batch_prompt(error, prompt_index) if is_batch else error
-                seed = first_seeds.setdefault(prompt_index, one.params.sampling.seed)
-                prepared.append(with_choice_seed(one, seed, choice))
+                first = firsts.get(prompt_index)
+                if first is not None and first.grammar is None:
+                    one = self.frontend.prepare_choice(first, f"{base}-{k}")
+                elif first is not None:  # its grammar matcher is compiled again: off the event loop
+                    one = await self.preparation.run(self.frontend.prepare_choice, first, f"{base}-{k}", compiles=True)
+                else:
+                    try:
+                        one = await self.preparation.run(functools.partial(prepare, request_id=f"{base}-{k}"), body,
+                                                         ingress_ns, compiles=is_chat and compiles_grammar(body))
+                    except RequestError as error:
+                        raise named_batch_prompt(error, prompt_index) if is_batch else error
+                    first = firsts[prompt_index] = one
+                prepared.append(with_choice_seed(one, first.params.sampling.seed, choice))
             self._check_serving()
         except BaseException:
             for permit in permits:
