@@ -64,7 +64,8 @@ def register(subparsers) -> None:
                         help="nucleus probability mass in (0, 1] (default 1)")
     parser.add_argument("--top-k", type=int, default=0, metavar="K", help="top-k cutoff; 0 disables (default)")
     parser.add_argument("--seed", type=int, default=0, metavar="N",
-                        help="sampling seed, a signed 64-bit integer (default 0)")
+                        help="sampling seed, a signed 64-bit integer (default 0): a prompt's sampled tokens "
+                             "depend on it and the prompt alone, not on the prompts beside it")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the core's EOS tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     parser.add_argument("--device", default="cpu", metavar="DEVICE", help="torch device of the model: cpu (default), cuda or cuda:N")
@@ -232,7 +233,9 @@ def _generate(args: argparse.Namespace, runtime) -> int:
     eos = () if args.ignore_eos else model.settings.eos_token_ids
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               seed=signed_seed(args.seed))
-    results = generate(runtime.engine, prompts, args.output_limits, eos, sampling)
+    # The seed is always chosen here (--seed, default 0): each prompt gets what that seed draws for it
+    # alone, with or without other prompts and speculation beside it.
+    results = generate(runtime.engine, prompts, args.output_limits, eos, sampling, pinned_seed=True)
     try:
         for prompt, result in zip(prompts, results):
             text = _output_text(tokenizer, result.token_ids, () if getattr(args, "chat", False) else prompt)

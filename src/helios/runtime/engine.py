@@ -221,9 +221,14 @@ class Engine:
         except Exception:  # noqa: BLE001 - nobody is left to tell
             pass
 
-    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
-        """Synchronous driving (tests, offline generation): admit, step until nothing is left."""
-        for _ in range(max_steps):
+    def run_until_idle(self, max_stalled_steps: int = 10_000) -> None:
+        """Synchronous driving (tests, offline generation): admit, step until nothing is left.
+
+        However many rounds the work takes, it runs to its end (an offline batch of a million rounds
+        is no hang); `ExecutionError` only after `max_stalled_steps` steps in a row launched and
+        completed nothing while work remained (nothing else moves a synchronous engine on)."""
+        stalled = 0
+        while stalled < max_stalled_steps:
             if self._ingress:
                 ingress, self._ingress = list(self._ingress), deque()
                 self._admit(ingress)
@@ -235,8 +240,8 @@ class Engine:
             if not self.scheduler.has_work and not self._ingress:  # a cancellation may have emptied the
                 self.outbox.flush()  # scheduler's queue while requests still wait in the ingress channel
                 return
-            self.step()
-        raise ExecutionError("the engine did not go idle")
+            stalled = 0 if self.step() else stalled + 1
+        raise ExecutionError(f"the engine did not go idle: {max_stalled_steps} steps in a row ran no plan")
 
     def _apply(self, commands: list[Command]) -> None:
         for command in commands:
@@ -295,18 +300,23 @@ class Engine:
             self.outbox.end(request.on_event, _ended(request, FinishReason.CANCELLED, ""))
         self._dispatch(self.scheduler.cancel(request_id))
 
-    def step(self) -> None:
-        """Submits plans until `frames` are in flight (or none can run now), then completes the oldest."""
+    def step(self) -> bool:
+        """Submits plans until `frames` are in flight (or none can run now), then completes the oldest;
+        whether it launched or completed a plan."""
+        ran = False
         while len(self._launched) < self.frames:
             plan = self.scheduler.schedule()
             if plan is None:
                 break
             self._launch(plan)
+            ran = True
         if self._launched:
             self._complete_oldest()
+            ran = True
         self.outbox.flush()  # the frontend works on this round's output while the worker packs the next
         self.refresh_gauges()  # admissions and cancellations change them without a plan too
         self._rounds += 1
+        return ran
 
     def _launch(self, plan) -> None:
         """Launches `plan` (with one frame `alone`: finished before the next launch) after adding
