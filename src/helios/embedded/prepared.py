@@ -3,9 +3,10 @@
 `embedded_core()` returns a signed core for the checkpoint shipped in `helios.embedded`. Until that
 package ships a prepared core itself, the checkpoint is prepared on first use into the cache
 directory (``$HELIOS_CACHE``, else ``~/.cache/helios``) and signed with a key generated there; the
-core's directory name carries a digest of the checkpoint files and `CORE_GENERATION`, so a changed
-checkpoint, a core written in a storage this version no longer loads, or one whose preparation
-declared less, is prepared again. Preparation writes into a private directory and renames it into place, so concurrent first
+core's directory name carries a digest of the checkpoint files, the publisher key's id and
+`CORE_GENERATION`, so a changed checkpoint, a core signed by a key the cache no longer holds (its key
+files removed: a new key is made), a core written in a storage this version no longer loads, or one
+whose preparation declared less, is prepared again. Preparation writes into a private directory and renames it into place, so concurrent first
 runs cannot see a partial core. The embedded-model owner may replace the body of `embedded_core`
 (for example to return a committed core and its public key) without touching the server.
 """
@@ -71,8 +72,8 @@ def embedded_core(progress: Callable[[str], None] | None = None) -> EmbeddedCore
         )
     root = cache_root() / "embedded"
     root.mkdir(parents=True, exist_ok=True)
-    public_key = _publisher_key(root)
-    target = root / f"{checkpoint_digest(checkpoint)[:16]}-{CORE_GENERATION}"
+    public_key, key_id = _publisher_key(root)
+    target = root / f"{checkpoint_digest(checkpoint)[:16]}-{key_id}-{CORE_GENERATION}"
     if not (target / "model.core").is_file():
         _prepare(checkpoint, target, root / KEY_NAME, progress or _to_stderr)
     return EmbeddedCore(target / "model.core", NAMESPACE, public_key)
@@ -89,14 +90,28 @@ def checkpoint_digest(checkpoint: Path) -> str:
     return digest.hexdigest()
 
 
-def _publisher_key(root: Path) -> Path:
-    from helios.core.keys import SigningKey, write_key_pair
+def _publisher_key(root: Path) -> tuple[Path, str]:
+    """The cache's publisher key, made on first use: its public key file and a short hex key id (the
+    cores it signed are found by it). A public key file lost beside its private key is written again
+    from it; a key pair a concurrent first run made meanwhile is used, not refused."""
+    from helios.core.errors import KeyFileError
+    from helios.core.keys import PublicKey, SigningKey, load_signing_key, write_key_pair
 
     key = root / KEY_NAME
     public = root / (KEY_NAME + ".pub")
     if not key.is_file():
-        write_key_pair(key, SigningKey.generate(), [NAMESPACE])
-    return public
+        public.unlink(missing_ok=True)  # left behind by a lost private key, it would refuse the new pair
+        try:
+            write_key_pair(key, SigningKey.generate(), [NAMESPACE])
+        except KeyFileError:  # another first run made the pair meanwhile
+            pass
+    signing = load_signing_key(key)
+    if not public.is_file():
+        scratch = root / f".{KEY_NAME}.pub.{os.getpid()}"
+        line = PublicKey(signing.public.raw, frozenset({NAMESPACE})).to_line()
+        scratch.write_text(f"# Helios Ed25519 public key, key id {signing.key_id.hex()}\n" + line, encoding="ascii")
+        os.replace(scratch, public)  # whole or not at all, for a concurrent reader
+    return public, signing.key_id.hex()[:16]
 
 
 def _prepare(checkpoint: Path, target: Path, key: Path, progress: Callable[[str], None]) -> None:
@@ -128,4 +143,6 @@ def _context_tokens(checkpoint: Path) -> int:
 
 
 def _to_stderr(line: str) -> None:
+    if sys.stderr is None:  # started with standard error closed (`2>&-`): print would write the line to stdout
+        return
     print(f"  {line}", file=sys.stderr, flush=True)
