@@ -40,8 +40,8 @@ def _reference_vision(family: str, config: dict) -> dict:
 
 @pytest.mark.parametrize("config", [
     {},
-    {"depth": 9, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 64},
-    {"depth": 9, "hidden_size": 32, "num_heads": 2, "fullatt_block_indexes": [2], "window_size": 56},
+    {"depth": 25, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 64},
+    {"depth": 25, "hidden_size": 32, "num_heads": 2, "fullatt_block_indexes": [2], "window_size": 56},
 ], ids=["empty", "no-block-lists", "listed"])
 @pytest.mark.parametrize("family", [QWEN2_5_VL, QWEN3_VL])
 def test_a_terse_vision_config_reads_as_transformers_reads_it(family, config):

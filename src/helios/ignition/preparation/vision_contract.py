@@ -11,16 +11,31 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from helios.contract import serving_pb2 as spb
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.multimodal_spec import ROTARY_OFFSETS, VISION_INPUTS
+from helios.ignition.recipes.base import UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import read_json
 from helios.ignition.recipes.qwen_vl import VisionLanguageRecipe
 
 LAYOUT_OUTPUTS = (*VISION_INPUTS, ROTARY_OFFSETS)
 PROCESSOR_CONFIG = "preprocessor_config.json"
 MAX_PIXELS = 2**31 - 1  # the contract's extents are 32-bit
+
+
+# transformers 5's image processor class defaults (Qwen2VLImageProcessor's: the processor of Qwen2-VL,
+# Qwen2.5-VL and Qwen3-VL alike), which it takes for the keys a preprocessor_config.json leaves out (a
+# null `size` too): a file without image_mean/image_std or pixel bounds was refused.
+REFERENCE_PROCESSOR_DEFAULTS: dict[str, Any] = {
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "size": {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}, "do_resize": True, "resample": 3,
+    "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True}
+BICUBIC = 3  # PIL's Image.Resampling.BICUBIC, the served resize's filter
+IDENTITY = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # mean and std that leave the rescaled pixels as they are
 
 
 @dataclass(frozen=True)
@@ -35,18 +50,23 @@ class ImageProcessorSettings:
 
 def read_image_processor(checkpoint: Path) -> ImageProcessorSettings:
     """The processor settings of a checkpoint directory (both the `min_pixels`/`max_pixels` and the
-    `size: {shortest_edge, longest_edge}` spellings); a missing or incomplete file is an error."""
+    `size: {shortest_edge, longest_edge}` spellings, a missing key read as transformers reads it:
+    `REFERENCE_PROCESSOR_DEFAULTS`); a missing or incomplete file is an error. `do_normalize` false
+    is served as the identity mean and std; settings the contract cannot express are refused
+    (`check_served_arithmetic`)."""
     path = Path(checkpoint) / PROCESSOR_CONFIG
     try:
         config = read_json(path)
     except CheckpointError as exc:
         raise CheckpointError(f"a vision-language checkpoint needs a readable {PROCESSOR_CONFIG}: {exc}") from None
-    size = config.get("size") or {}
+    config = {**REFERENCE_PROCESSOR_DEFAULTS, **config}
+    check_served_arithmetic(config)
+    size = config["size"] if config["size"] is not None else REFERENCE_PROCESSOR_DEFAULTS["size"]
     try:
-        settings = ImageProcessorSettings(
-            tuple(float(v) for v in config["image_mean"]), tuple(float(v) for v in config["image_std"]),
-            int(config.get("min_pixels") or size["shortest_edge"]),
-            int(config.get("max_pixels") or size["longest_edge"]))
+        mean, std = (tuple(float(v) for v in config["image_mean"]), tuple(float(v) for v in config["image_std"])
+                     ) if config["do_normalize"] else IDENTITY
+        settings = ImageProcessorSettings(mean, std, int(config.get("min_pixels") or size["shortest_edge"]),
+                                          int(config.get("max_pixels") or size["longest_edge"]))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"{PROCESSOR_CONFIG} lacks image_mean, image_std or pixel bounds ({exc})") from None
     # Every image is normalized by them at serving: a zero or non-finite std would make it NaN.
@@ -58,6 +78,33 @@ def read_image_processor(checkpoint: Path) -> ImageProcessorSettings:
         raise CheckpointError(f"{PROCESSOR_CONFIG}: pixel bounds must satisfy 1 <= min_pixels <= max_pixels <= "
                               f"{MAX_PIXELS}, got {settings.min_pixels} and {settings.max_pixels}")
     return settings
+
+
+def check_served_arithmetic(config: dict[str, Any]) -> None:
+    """Refuses the processor settings (defaults filled) under which transformers' processor makes
+    other pixels than the served image preparation, which always converts to RGB, resizes with PIL
+    bicubic and rescales by 1/255 (`helios.frontend.images.preparation`): the contract's
+    ImagePreparationData has no field for them, and serving such a checkpoint would feed its encoder
+    other pixels than it was trained on. transformers reads these flags by truth value (null is off)."""
+    for key in ("do_resize", "do_convert_rgb", "do_rescale"):
+        if not config[key]:
+            raise UnsupportedCheckpoint(f"{PROCESSOR_CONFIG}: {key} {config[key]!r} is not supported: the served "
+                                        f"image preparation always resizes, converts to RGB and rescales")
+    resample = config["resample"]
+    if type(resample) is not int or resample != BICUBIC:  # transformers reads 3.0 as bilinear
+        raise UnsupportedCheckpoint(f"{PROCESSOR_CONFIG}: resample {resample!r} is not supported: the served "
+                                    f"image preparation resizes with PIL bicubic ({BICUBIC})")
+    factor = config["rescale_factor"]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not _rescales_as_served(float(factor)):
+        raise UnsupportedCheckpoint(f"{PROCESSOR_CONFIG}: rescale_factor {factor!r} is not supported: the served "
+                                    f"image preparation rescales by 1/255")
+
+
+def _rescales_as_served(factor: float) -> bool:
+    """Whether rescaling by `factor` gives every resized byte value the float32 the served 1/255 does
+    (both scale in float64, then round to float32)."""
+    values = np.arange(256, dtype=np.float64)
+    return np.array_equal((values * factor).astype(np.float32), (values * (1.0 / 255.0)).astype(np.float32))
 
 
 MAX_ASPECT = 200  # the processor refuses images whose longer side is more than 200 times the shorter

@@ -110,6 +110,13 @@ def _qwen3_architecture(config: Mapping[str, Any]) -> VisionArchitecture:
     positions = int(config["num_position_embeddings"])
     if int(positions ** 0.5) ** 2 != positions:
         raise UnsupportedCheckpoint(f"num_position_embeddings {positions} is not a square grid")
+    # Each index names a block whose output a merger of its own adds after one of the decoder's first
+    # layers; one outside the blocks (transformers skips it, its merger unused) or named twice gave the
+    # features fewer DeepStack blocks than `feature_width` counts, which failed late, at capture.
+    stacked = tuple(int(i) for i in config.get("deepstack_visual_indexes", ()))
+    if any(not 0 <= i < depth for i in stacked) or len(set(stacked)) != len(stacked):
+        raise UnsupportedCheckpoint(f"deepstack_visual_indexes {list(stacked)} must be distinct blocks of the "
+                                    f"vision encoder's depth {depth} (0 to {depth - 1})")
     rope = config.get("rope_parameters") or {}
     return VisionArchitecture(
         depth=depth, hidden_size=int(config["hidden_size"]), num_heads=int(config["num_heads"]),
@@ -118,7 +125,7 @@ def _qwen3_architecture(config: Mapping[str, Any]) -> VisionArchitecture:
         window_size=patch * merge, out_hidden_size=int(config["out_hidden_size"]),
         full_attention_blocks=tuple(range(depth)), rope_theta=float(rope.get("rope_theta", 10000.0)),
         in_channels=int(config.get("in_channels", 3)), family=QWEN3_VL, num_position_embeddings=positions,
-        deepstack_blocks=tuple(int(i) for i in config.get("deepstack_visual_indexes", ())))
+        deepstack_blocks=stacked)
 
 
 def vision_weights(arch: VisionArchitecture, take, prefix: str = "model.visual.") -> list[NamedWeight]:
