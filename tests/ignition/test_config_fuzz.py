@@ -259,8 +259,8 @@ def draw_latent(seed: int) -> Variant:
     """DeepSeek-V2 / V2-Lite (softmax routing, greedy or over groups scored by their best expert, never
     renormalised; rarely norm_topk_prob, moe_layer_freq 2 or another topk_method: refused) and
     GLM-4.7-Flash (DeepSeek-V3's dataflow, sparse layers by mlp_layer_types or its default, sometimes
-    beside a first_k_dense_replace that agrees or not); latent geometry with or without a query rank,
-    default or YaRN rope with DeepSeek's mscale, rarely attention biases (refused)."""
+    beside a first_k_dense_replace, agreeing or not, that neither it nor Helios reads); latent geometry with
+    or without a query rank, default or YaRN rope with DeepSeek's mscale, rarely attention biases (refused)."""
     rng = random.Random(seed)
     name = _choice(rng, ("deepseek_v2", "deepseek_v2", "glm4_moe_lite"))
     experts, rope_dim, heads = _choice(rng, (4, 6, 8)), _choice(rng, (8, 16)), _choice(rng, (2, 4))

@@ -118,8 +118,9 @@ def test_inconsistent_tensor_entries_are_refused(checkpoint, entry):
 
 def test_a_shard_that_is_not_a_regular_file_is_refused(checkpoint):
     # (A FIFO named *.safetensors blocked the reader forever; a directory raised an OSError without a name.)
-    (checkpoint / "extra.safetensors").mkdir()
-    _refused(checkpoint, "extra.safetensors is not a regular file")
+    (checkpoint / WEIGHTS).unlink()
+    (checkpoint / WEIGHTS).mkdir()
+    _refused(checkpoint, f"{WEIGHTS} is not a regular file")
 
 
 def test_an_integer_weight_is_refused_not_converted(checkpoint):

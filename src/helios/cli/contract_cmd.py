@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from helios.cli.core_cmd import one_line, through_link
 from helios.cli.core_options import (
     check_output_path, check_room_beside, load_private_key, naming_output, read_bounded,
 )
@@ -124,12 +125,14 @@ def _example_core(args: argparse.Namespace) -> int:
         raise UsageError("--seed must be in [0, 2**63)")
     output = check_output_path("-o", args.output, {"--key file": args.key, "public key of --key": f"{args.key}.pub",
                                                    "contract FILE": args.file})
+    output = through_link(output)  # as sign, relocate and encode write: the link itself was replaced
     check_room_beside("-o", output)  # else a failed write names the temporary file beside it
     key = load_private_key(args.key)
     prepared = _load(args.file)
     with terminate_as_exception(), naming_output(output):
         write_contract_core(prepared, output, key, args.namespace, args.seed)
-    print(f"wrote {args.output}: {len(prepared.manifest.graph_handles)} programs of {prepared.contract.served_id}")
+    print(f"wrote {one_line(args.output)}: {len(prepared.manifest.graph_handles)} programs of "
+          f"{one_line(prepared.contract.served_id)}")
     return 0
 
 

@@ -8,6 +8,7 @@ import time
 import unicodedata
 from pathlib import Path
 
+from helios.cli.core_cmd import one_line, through_link
 from helios.cli.core_options import check_output_path, check_room_beside, load_private_key, naming_output
 from helios.cli.termination import terminate_as_exception
 from helios.core.keys import check_namespace
@@ -136,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         if source is not None and _is_input_file(output, source):
             raise UsageError(f"-o {output} would replace a file of the checkpoint {source}")
     check_output_path("-o", output, {"--key file": args.key, "public key of --key": f"{args.key}.pub"})
+    output = through_link(output)  # as sign, relocate and contract encode write: the link itself was replaced
     check_room_beside("-o", output)
     key = load_private_key(args.key)
     plan = CapacityPlan(
@@ -150,10 +152,12 @@ def run(args: argparse.Namespace) -> int:
     options = PrepareOptions(args.namespace, served_id=args.served_id, dtype=args.dtype, license=args.license,
                              capacities=plan, tensor_parallel=args.tensor_parallel, frontend=tuple(args.frontend))
     started = time.monotonic()
+    # Paths go through `one_line` (the progress lines name the output too): a newline in a file name
+    # would start a line of its own, which could pass for one prepare writes.
     with terminate_as_exception(), naming_output(output):  # SIGTERM: the temporary core removed, exit 143
         written = prepare_core(checkpoint, output, key, options,
-                               progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+                               progress=lambda line: print(f"  {one_line(line)}", file=sys.stderr, flush=True))
     total = sum(info.stored_nbytes for info in written.resources)
-    print(f"wrote {', '.join(str(f) for f in written.files)}: {len(written.resources)} resources, "
+    print(f"wrote {', '.join(one_line(str(f)) for f in written.files)}: {len(written.resources)} resources, "
           f"{total / 1e6:.1f} MB stored, in {time.monotonic() - started:.1f} s")
     return 0

@@ -34,7 +34,7 @@ import torch
 from safetensors import safe_open
 
 from helios.ignition.architecture import CheckpointError
-from helios.ignition.recipes.checkpoint import is_finite
+from helios.ignition.recipes.checkpoint import checked_tensor, is_finite
 
 ENGRAM_FILE = "engram.safetensors"
 TABLE, PROJ = "engram.table", "engram.proj"
@@ -93,9 +93,13 @@ def read_engram(checkpoint: Path, hidden_size: int, dtype: str) -> EngramTable |
             if missing:
                 raise EngramTableError(f"{ENGRAM_FILE}: missing tensors {missing}")
             metadata = handle.metadata() or {}
-            table, proj = handle.get_tensor(TABLE), handle.get_tensor(PROJ)
+            # Headers first, as the checkpoint's weights: a sparse file claiming a table of terabytes
+            # was read in full (the process killed for memory) before its shape was checked.
+            table, proj = checked_tensor(handle, path, TABLE), checked_tensor(handle, path, PROJ)
     except EngramTableError:
         raise
+    except CheckpointError as error:  # checked_tensor's: an integer tensor, or one past the memory available
+        raise EngramTableError(str(error)) from None
     except Exception as error:  # safetensors raises its own errors for a malformed file
         raise EngramTableError(f"{ENGRAM_FILE} is not a readable safetensors file: {error}") from None
     ngram, heads, multipliers = _metadata(metadata)

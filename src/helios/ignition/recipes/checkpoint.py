@@ -1,4 +1,5 @@
-"""Read a Hugging Face checkpoint directory: config.json and tensors from *.safetensors only.
+"""Read a Hugging Face checkpoint directory: config.json and tensors from safetensors files only:
+``model.safetensors``, or the shards ``model.safetensors.index.json`` names (as transformers reads them).
 
 Tensors are read lazily, one at a time, through safetensors (never pickle), so preparing a large model
 does not hold the raw checkpoint and the prepared weights in memory at once.
@@ -7,9 +8,9 @@ Everything here is untrusted input: a malformed safetensors file (header, offset
 that is not a regular file, a `model.safetensors.index.json` that names an absent shard or a path
 outside the directory, a weight of an integer dtype or holding NaN/Inf, and a config.json that is
 not strict JSON each raise `CheckpointError` naming the file and the tensor, as does a tensor larger
-than the memory available (checked before it is read: a sparse file). Non-finite weights
-are refused rather than served: no checkpoint trained to completion holds them, and one that does
-would answer every request with NaN logits.
+than the memory available (checked before it is read: a sparse file) or a config or index larger
+than `MAX_JSON_NBYTES`. Non-finite weights are refused rather than served: no checkpoint trained to
+completion holds them, and one that does would answer every request with NaN logits.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from helios.core.streams import available_memory_nbytes
 from helios.ignition.architecture import CheckpointError
 
 
-SIDE_TABLE = "engram.safetensors"  # helios.ignition.engram.ENGRAM_FILE
+WEIGHTS_FILE = "model.safetensors"  # transformers' SAFE_WEIGHTS_NAME
 INDEX_FILE = "model.safetensors.index.json"
+# A config.json is kilobytes and a shard index about 100 bytes a tensor (megabytes for the largest models):
+# a larger file is damaged or sparse, refused before it is read whole.
+MAX_JSON_NBYTES = 64 << 20
 # Weights are floating point; float8 ones are dequantized by `fp8_blocks`.
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 _DTYPE_NBYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -36,8 +40,9 @@ PROGRESS_NBYTES = 1 << 30  # a smaller checkpoint is read in seconds: no progres
 
 
 class CheckpointTensors:
-    """Name -> tensor access over every *.safetensors file of a directory (read only), except
-    ``engram.safetensors``: an n-gram table beside the model (`helios.ignition.engram`).
+    """Name -> tensor access over a checkpoint's weight files (read only): ``model.safetensors``, or
+    the shards its index names. (``engram.safetensors`` beside them is an n-gram table,
+    `helios.ignition.engram`.)
 
     `progress`, where given, gets a line at each tenth of the tensors' bytes read from a checkpoint of
     `PROGRESS_NBYTES` or more: a large one is read for minutes before anything else is reported."""
@@ -51,16 +56,18 @@ class CheckpointTensors:
 
     @classmethod
     def open(cls, directory: Path, progress: Callable[[str], None] | None = None) -> "CheckpointTensors":
-        """The tensors of `directory`'s *.safetensors files; where a shard index is present, of the
-        shards it names only, as transformers reads them (a Mistral repository holds its weights
-        twice: the shards, and consolidated.safetensors in Mistral's own names)."""
-        files = sorted(path for path in directory.glob("*.safetensors") if path.name != SIDE_TABLE)
+        """The tensors of the shards `directory`'s shard index names, else of its ``model.safetensors``:
+        the files transformers reads. Any other *.safetensors file is not read (a Mistral repository
+        holds its weights twice: the shards, and consolidated.safetensors in Mistral's own names; a
+        folder may hold an adapter or a copy beside the model, whose tensors were read as the model's)."""
         weight_map = _read_index(directory)
         if weight_map is not None:
-            shards = set(weight_map.values())
-            files = [path for path in files if path.name in shards]
-        if not files:
-            raise CheckpointError(f"{directory} has no *.safetensors files (other weight formats are not read)")
+            files = [directory / shard for shard in sorted(set(weight_map.values()))]
+        elif (directory / WEIGHTS_FILE).exists() or (directory / WEIGHTS_FILE).is_symlink():
+            files = [directory / WEIGHTS_FILE]
+        else:
+            raise CheckpointError(f"{directory} has neither {WEIGHTS_FILE} nor {INDEX_FILE} (other weight "
+                                  f"formats are not read)")
         files_by_name: dict[str, Path] = {}
         for path in files:
             if not path.is_file():  # a FIFO would block the read forever
@@ -93,7 +100,7 @@ class CheckpointTensors:
         path = self._files_by_name.get(name)
         if path is None:
             raise CheckpointError(f"the checkpoint has no tensor {name}")
-        tensor = _read(path, name, lambda handle: _checked_tensor(handle, path, name))
+        tensor = _read(path, name, lambda handle: checked_tensor(handle, path, name))
         if not is_finite(tensor):
             raise CheckpointError(f"tensor {name} in {path.name} holds NaN or infinite values")
         self._count_read(tensor)
@@ -109,7 +116,7 @@ class CheckpointTensors:
             self._progress(f"read {10 * tenths}% of the checkpoint's {self._total_nbytes / 1e9:.1f} GB of weights")
 
 
-def _checked_tensor(handle, path: Path, name: str) -> torch.Tensor:
+def checked_tensor(handle, path: Path, name: str) -> torch.Tensor:
     """The tensor `name` of the open file, its header checked first: a weight is floating point, and
     no larger than the memory available. (Its file covers what its header claims, which safetensors
     checks, but a sparse file, a download preallocated and cut short or one made so, covers terabytes
@@ -160,6 +167,8 @@ def _read_index(directory: Path) -> dict[str, str] | None:
     weight_map = read_json(directory / INDEX_FILE).get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{directory / INDEX_FILE} has no weight_map object")
+    if not weight_map:  # else read as a checkpoint of no tensors, refused later for a reason of its own
+        raise CheckpointError(f"{directory / INDEX_FILE}: its weight_map names no tensors")
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
             raise CheckpointError(f"{INDEX_FILE} places tensor {name} in {shard!r}, which is not a file name "
@@ -251,11 +260,18 @@ def _check_config(config: Mapping[str, Any], where: str) -> None:
 
 
 def read_json(path: Path, strict: bool = True) -> dict[str, Any]:
-    """A JSON object from `path`; `strict`: no NaN/Infinity literals, no number beyond the float range."""
+    """A JSON object from `path`; `strict`: no NaN/Infinity literals, no number beyond the float range.
+    A file past `MAX_JSON_NBYTES` is refused having read no more than that (its size as read, not as
+    stat reports it: a sparse file of terabytes was read whole, then parsed)."""
     if not path.is_file():  # a FIFO would block the read forever
         raise CheckpointError(f"{path} is not a regular file")
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:
+            data = handle.read(MAX_JSON_NBYTES + 1)
+        if len(data) > MAX_JSON_NBYTES:
+            raise CheckpointError(f"{path} is larger than {MAX_JSON_NBYTES} bytes, more than any config or shard "
+                                  f"index holds (a damaged or sparse file?)")
+        text = data.decode("utf-8")
         value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float) if strict else json.loads(text)
     except (OSError, ValueError, RecursionError) as error:
         raise CheckpointError(f"cannot read {path}: {error}") from None

@@ -19,8 +19,8 @@ Family knowledge turned into Architecture fields and the prepared weight layout:
 
 GLM-4.7-Flash (Glm4MoeLiteForCausalLM) is DeepSeek-V3's dataflow under GLM's names: its sparse layers
 are those ``mlp_layer_types`` marks "sparse" (by default every layer but the first, as Glm4MoeLiteConfig
-fills it in; its reference never reads ``first_k_dense_replace``, so a config.json whose
-``first_k_dense_replace`` disagrees with the layer types is refused rather than read either way).
+fills it in). Its reference never reads ``first_k_dense_replace``, nor does this recipe: a config.json
+whose ``first_k_dense_replace`` disagrees with the layer types prepares the model transformers loads.
 
 Youtu-LLM (YoutuForCausalLM) is DeepSeek-V3's latent attention with the gated MLP in every layer (no
 experts; embeddings tied by default, as YoutuConfig has it).
@@ -121,7 +121,8 @@ def check_key_heads(config: Mapping[str, Any]) -> None:
 
 
 def lite_experts(source: str, config: Mapping[str, Any]) -> MixtureOfExperts | None:
-    """GLM-4.7-Flash's mixture: DeepSeek-V3's routing on the layers ``mlp_layer_types`` marks sparse."""
+    """GLM-4.7-Flash's mixture: DeepSeek-V3's routing on the layers ``mlp_layer_types`` marks sparse
+    (``first_k_dense_replace``, which `mixture_from_config` reads for DeepSeek-V3, is not read)."""
     num_layers = int(config["num_hidden_layers"])
     kinds = config.get("mlp_layer_types")
     if kinds is None:  # Glm4MoeLiteConfig's default
@@ -130,10 +131,6 @@ def lite_experts(source: str, config: Mapping[str, Any]) -> MixtureOfExperts | N
         raise UnsupportedCheckpoint(f"mlp_layer_types {kinds!r:.120} must list {_LAYER_KINDS} per layer "
                                     f"({num_layers})")
     sparse = tuple(i for i, kind in enumerate(kinds) if kind == "sparse")
-    first = config.get("first_k_dense_replace")
-    if first is not None and (sparse != tuple(range(first, num_layers))):
-        raise UnsupportedCheckpoint(f"first_k_dense_replace {first} disagrees with mlp_layer_types (which the "
-                                    f"reference reads)")
     if not sparse:
         return None
     return dataclasses.replace(mixture_from_config(source, config, num_layers), sparse_layers=sparse)
