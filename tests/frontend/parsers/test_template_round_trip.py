@@ -89,9 +89,12 @@ RENDERINGS = {
 }
 # Text-valued syntaxes write values unescaped: a value holding its closing tag followed by (space
 # and) a tag that may follow a value reads as the value's end and the next tag, so none is drawn.
-# The closing tag before any other text is value text, and is drawn.
+# The closing tag before any other text is value text, and is drawn. In Qwen3-Coder a tag that may
+# follow a value at a line's start (the value's or after a newline) ends a value whose closer was
+# left out (`tag_tools`), so none is drawn either; elsewhere in a line it is value text, and is drawn.
 _AMBIGUOUS_VALUES = {
-    "qwen3-coder": re.compile(r"</parameter>\s*(<parameter=|</function>|</tool_call>)"),
+    "qwen3-coder": re.compile(r"</parameter>\s*(<parameter=|</function>|</tool_call>)"
+                              r"|(^|\n)(<parameter=[^<>\"\n]+>|</function>|</tool_call>)"),
     "glm-4.5": re.compile(r"</arg_value>\s*(<arg_key>|</tool_call>)"),
 }
 

@@ -11,14 +11,16 @@ Every spelling comes from `ChannelSyntax`. The seven controls delimit only as th
 channel control, an optional recipient (recipient marker + name, before or after the channel) and
 an optional content type after the constrain control. Reasoning channels -> `ReasoningDelta`;
 content channels without a recipient -> `ContentDelta`; a recipient in the tool namespace -> one
-OpenAI tool call of that function (on any channel), its events (id, name and JSON arguments) all
-when the message ends (end/call/return control, or the end of the output: the call and return
-controls are normally EOS tokens, which are not fed), once its arguments are known to be a call.
-Generation itself ends only at the core's EOS ids.
+OpenAI tool call of that function (on any channel, or none: harmony's own parser, which vLLM uses,
+reads the channel as optional and a call by its recipient), its events (id, name and JSON
+arguments) all when the message ends (end/call/return control, or the end of the output: the call
+and return controls are normally EOS tokens, which are not fed), once its arguments are known to be
+a call. Generation itself ends only at the core's EOS ids.
 
-Recovery: text between frames -> `UNEXPECTED_TEXT` (dropped); a header without a channel, with
-another role, or with an unknown channel -> `MALFORMED_HEADER`, its body dropped; a recipient outside
-the tool namespace -> `UNKNOWN_RECIPIENT`, an unregistered function -> `UNKNOWN_TOOL`, body dropped;
+Recovery: text between frames -> `UNEXPECTED_TEXT` (dropped); a header with neither a channel nor a
+recipient, with another role, or with an unknown channel -> `MALFORMED_HEADER`, its body dropped; a
+recipient outside the tool namespace -> `UNKNOWN_RECIPIENT`, an unregistered function ->
+`UNKNOWN_TOOL`, body dropped;
 arguments that are not one JSON object (written so, or cut by the output's end) -> `MALFORMED_CALL`,
 no call, the arguments' text is content (as JSON-call syntaxes show a block that does not parse);
 a start control inside a body -> `MISPLACED_CONTROL`, the body is closed and the new header read;
@@ -183,7 +185,7 @@ class HarmonyParser:
         text, self._pieces = "".join(self._pieces), []
         header = parse_header(syntax, text)
         self._state, self._body = _S.BODY, _Body.DROPPED
-        if header.role != syntax.role or not header.channel:
+        if header.role != syntax.role or not (header.channel or header.recipient):
             out.append(ParseError(ParseErrorKind.MALFORMED_HEADER, text))
         elif header.recipient:
             self._open_tool(out, header.recipient)

@@ -10,7 +10,9 @@
 
 One block usually holds one function; parallel calls are consecutive blocks (several functions in
 one block are accepted too). ``value_wrap`` (a newline) is removed from both ends of each value;
-values are typed by the request's JSON schema for the parameter. Recovery rules: `tag_tools`.
+values are typed by the request's JSON schema for the parameter. A value whose ``</parameter>`` was
+left out ends at the next parameter tag or the function closer on a new line, as Qwen's and vLLM's
+parsers read it (``unclosed_value_ends``). Recovery rules: `tag_tools`.
 """
 
 from __future__ import annotations
@@ -30,4 +32,5 @@ def qwen_coder_grammar(syntax: QwenCoderSyntax) -> ToolGrammar:
         value_close=syntax.parameter_close,
         value_wrap=syntax.value_wrap,
         block_lead=syntax.block_lead,
+        unclosed_value_ends=True,
     )

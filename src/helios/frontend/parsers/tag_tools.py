@@ -22,6 +22,12 @@ answer text (`StrayText.CONTENT`) and to `MarkupDropped` inside recipient tool f
 - a value closer is the value's end only where whitespace and then a tag that may follow a value
   (a key, the invocation or block closer) or the end of the output follow it; before other text it
   is value text (templates write values unescaped: ``x</parameter>y`` is one value);
+- a value whose closer was left out (``ToolGrammar.unclosed_value_ends``: Qwen Coder, and XTML,
+  whose escaped values hold no tag): a tag that may follow a value right after the value wrap
+  (``VALUE\n<parameter=b>``, ``VALUE\n</function>``) ends the value and is read as that tag,
+  `MALFORMED_CALL`, as the reference parsers (vLLM's and Qwen's qwen3coder) end a value at the next
+  key or the invocation closer; elsewhere in a value such a tag is value text (``see <parameter=x>
+  here`` is one value);
 - stray text inside a started call: `UNEXPECTED_TEXT` with the complete run, dropped;
 - a typed value that does not parse: kept as a JSON string, `INVALID_VALUE`;
 - a block closer while an invocation is open: the call ends normally, `MALFORMED_CALL`;
@@ -62,6 +68,22 @@ def _tags(**forms: TagForm | str) -> TagSet:
     return TagSet({k: v if isinstance(v, TagForm) else TagForm(v) for k, v in forms.items() if v})
 
 
+def _unclosed_value_ends(g: ToolGrammar) -> dict[str, TagForm | str]:
+    """The tags that end a value without its closer (``unclosed_value_ends``): those that may follow a
+    value, spelled after the value wrap, since the template writes the wrap before the closer the
+    model left out (a wrap-led tag inside a written value is rare; one elsewhere stays value text)."""
+    if not g.unclosed_value_ends:
+        return {}
+    wrap = g.value_wrap
+    tags: dict[str, TagForm | str] = {
+        "key": TagForm(wrap + g.key_open.prefix, g.key_open.terminators),
+        "end": wrap + (g.invoke_close or g.block_close),
+    }
+    if g.invoke_close:
+        tags["close"] = wrap + g.block_close
+    return tags
+
+
 class TagToolParser:
     """Parses answer text (or a tool frame body) into content and tool-call events.
 
@@ -81,7 +103,7 @@ class TagToolParser:
             _S.NAME: _tags(sep=g.name_separator, key=g.key_open, close=g.block_close, open=g.block_open),
             _S.INVOKE: _tags(key=g.key_open, end=end, close=g.block_close if g.invoke_close else ""),
             _S.KEY: _tags(value=g.value_open, key=g.key_open, end=g.block_close),
-            _S.VALUE: _tags(close=g.value_close),
+            _S.VALUE: _tags(closer=g.value_close, **_unclosed_value_ends(g)),
             _S.REJECT_BLOCK: _tags(close=g.block_close, open=g.block_open),
             _S.REJECT_INVOKE: _tags(close=g.invoke_close or g.block_close),
         }
@@ -226,9 +248,11 @@ class TagToolParser:
             self._end_inline_name(out, label, tag_text)
         elif state in (_S.INVOKE, _S.KEY):
             self._call_tag(out, label, captures, tag_text)
-        elif state is _S.VALUE:
+        elif state is _S.VALUE and label == "closer":
             self._closing = [tag_text]
             self._state = _S.CLOSING
+        elif state is _S.VALUE:
+            self._end_unclosed_value(out, label, captures, tag_text)
         elif label == "open":  # a block opener in a rejected block: the rejected text ends, a block starts
             self._open_block(out, tag_text)
         else:  # a rejected block or invocation ends
@@ -260,6 +284,14 @@ class TagToolParser:
         self._markup(out, "".join(self._closing))
         self._closing = []
         self._state = _S.INVOKE
+
+    def _end_unclosed_value(self, out: list[Event], label: str, captures: tuple[str, ...], tag_text: str) -> None:
+        """A wrap-led tag that may follow a value, inside a value: the value's closer was left out, so
+        the value ends here and the tag (its wrap is markup) is read as it would be after the value."""
+        out.append(ParseError(ParseErrorKind.MALFORMED_CALL, f"{self._call.name}.{self._key}: value not closed"))
+        out.extend(self._call.end_value())
+        self._state = _S.INVOKE
+        self._call_tag(out, label, captures, tag_text)
 
     def _open_block(self, out: list[Event], tag_text: str) -> None:
         lead = ""  # wrapping before the opener: markup if a call starts, content if the block is raw

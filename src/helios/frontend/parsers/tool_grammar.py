@@ -18,7 +18,9 @@ class ToolGrammar:
     ``invoke_open`` None: the name is text right after ``block_open`` ended by ``name_separator``.
     ``invoke_close`` "": the block closer ends the invocation. ``value_open`` "": the key tag opens
     the value. ``string_flag`` (true, false): the key tag captures a flag after the key.
-    ``max_invocations`` 0: unlimited.
+    ``max_invocations`` 0: unlimited. ``unclosed_value_ends``: a tag that may follow a value (a key,
+    the invocation or block closer) right after ``value_wrap`` inside a value ends the value whose
+    closer was left out (see `tag_tools`).
     """
 
     block_open: str
@@ -34,6 +36,7 @@ class ToolGrammar:
     value_format: ValueFormat = ValueFormat.RAW
     block_lead: str = ""
     max_invocations: int = 0
+    unclosed_value_ends: bool = False
 
 
 class StrayText(enum.Enum):

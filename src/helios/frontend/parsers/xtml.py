@@ -19,7 +19,9 @@ wrapping text (``after_open``/``before_close``/``after_close``), WS any whitespa
 
 XTML think requires XTML tools because its terminal marker is the XTML calls opener and both use
 the same escaping. Single-token delimiters follow the think-tag rules (`think_tags`); recovery
-follows `tag_tools`.
+follows `tag_tools`. Since etext holds no literal ``<``, an argument or call closer, or the next
+argument tag, inside an argument's value ends the value whose ``</xtml:arg>`` was left out
+(``unclosed_value_ends``; XTML has no value wrap, so anywhere in the value).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def xtml_grammar(syntax: ElementToolSyntax) -> ToolGrammar:
         value_close=syntax.parameter_close,
         value_format=ValueFormat.XML_ESCAPED,
         block_lead=syntax.block_lead,
+        unclosed_value_ends=True,  # etext holds no "<": a tag in a value can only follow a left-out closer
     )
 
 
