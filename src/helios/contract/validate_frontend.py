@@ -28,6 +28,9 @@ CHANNEL_CONTROLS = (
     "constrain_control",
 )
 CHANNEL_TEXT = ("role", "recipient_marker", "tool_namespace", "final_channel", "tool_channel", "tool_content_type")
+# Random tool-call ids: at least 8 alphanumerics (62**8, about 2e14 ids) so that no two calls of one
+# conversation draw the same; at most 64, as no template asks for more.
+TOOL_CALL_ID_LENS = range(8, 65)
 
 
 def check_frontend(model: spb.ModelContract) -> None:
@@ -37,6 +40,9 @@ def check_frontend(model: spb.ModelContract) -> None:
     _check_reasoning_syntax(model)
     _check_boundary(frontend)
     _check_channel_syntax(frontend)
+    if frontend.tool_call_id_len:  # 0: `call_<request id>_<index>` ids (cores before the field)
+        require(frontend.tool_call_id_len in TOOL_CALL_ID_LENS, f"{FRONTEND}.tool_call_id_len",
+                f"random tool-call ids are {TOOL_CALL_ID_LENS.start} to {TOOL_CALL_ID_LENS.stop - 1} characters")
     roles: set[int] = set()
     for i, rule in enumerate(frontend.prefix_boundaries):
         path = f"{FRONTEND}.prefix_boundaries[{i}].role"

@@ -68,7 +68,8 @@ from helios.runtime.records.request import RequestSpec
 
 
 def call_id_prefix(request_id: str) -> str:
-    """The prefix of the tool-call ids of request `request_id` (unique per request)."""
+    """The prefix of the tool-call ids of request `request_id` (unique per request), where the core
+    declares no random ids (`ModelFacts.tool_call_id_len`)."""
     return f"call_{request_id}_"
 
 
@@ -108,6 +109,7 @@ class ModelFacts:
     token_logprobs: int = 0  # alternatives per token the core's token-logprobs programs return (0: none)
     scores_prompts: bool = False  # the core has a scored-prefill program
     logit_bias: int = 0  # logit-bias entries the core's programs take per request (0: none)
+    tool_call_id_len: int = 0  # random alphanumeric tool-call ids of this length (0: `call_id_prefix` ids)
 
 
 @dataclass(frozen=True)
@@ -266,7 +268,8 @@ class FrontendModel:
         names = tuple(served_names) or (serving.served_id, *serving.aliases)
         logprobs = min((g.token_logprobs for g in prepared.graphs.values() if g.token_logprobs), default=0)
         scored = bool(prepared.graphs_for(spb.GRAPH_OPERATION_SCORED_PREFILL))
-        facts = ModelFacts(names, vocab_size, prepared.input_range, logprobs, scored, prepared.logit_bias_width)
+        facts = ModelFacts(names, vocab_size, prepared.input_range, logprobs, scored, prepared.logit_bias_width,
+                           serving.model.frontend.tool_call_id_len)
         prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
         try:
             images = ImagePipeline.from_contract(serving.model, image_limits)
@@ -318,6 +321,7 @@ class FrontendModel:
             call_id_prefix=call_id_prefix(request_id),
             start=self._syntax.output_start(prompt),
             answer=AnswerMode.STRUCTURED if answer is not None else AnswerMode.FREE,
+            call_id_len=self._facts.tool_call_id_len,
         )
         logprobs = self._logprobs(body, is_chat=True)
         params = self._params(body, stops, requested, len(prompt.token_ids), grammar is not None, response, logprobs)

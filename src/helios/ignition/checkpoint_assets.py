@@ -17,7 +17,8 @@ from helios.contract import serving_pb2 as spb
 from helios.ignition.architecture import CheckpointError
 from helios.ignition.checkpoint_links import check_links
 from helios.ignition.frontend.families import select_family
-from helios.ignition.frontend.probes import message_boundary, prefix_rules, reasoning_facts, tool_call_text
+from helios.ignition.frontend.probes import (
+    message_boundary, prefix_rules, reasoning_facts, tool_call_id_len, tool_call_text)
 from helios.ignition.frontend.render import ProbeTemplate
 from helios.ignition.frontend.tokenizer_files import (
     chat_template, check_encodes, declared_added_tokens, eos_token_ids, missing_tokenizer_json, parsed_tokenizer,
@@ -109,7 +110,8 @@ def _frontend(template: str, tokenizer: Tokenizer, config: dict, stated: Mapping
                                       assistant_header=boundary.assistant_header)
     return FrontendDeclaration(tool_parser, reasoning_parser, tool_syntax, reasoning_syntax, assistant,
                                tuple(rules), family.name if family is not None else "none",
-                               family.channel_syntax if family is not None else None)
+                               family.channel_syntax if family is not None else None,
+                               tool_call_id_len(probe) if family is not None else 0)
 
 
 def _check_channel_controls(channels: spb.ChannelSyntax, tokenizer: Tokenizer, stated: Mapping[str, str]) -> None:

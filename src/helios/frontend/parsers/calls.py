@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import enum
 import json
+import secrets
+import string
 
 from helios.frontend.decoding.events import (
     Event, MarkupDropped, ParseError, ParseErrorKind, ToolCallArguments, ToolCallEnd,
@@ -20,22 +22,37 @@ from helios.frontend.parsers.text import WrappedText, XmlEntityDecoder
 from helios.frontend.parsers.values import STRING_ONLY, ValueKind, dump_json, json_value, typed_value
 
 DETAIL_LEN = 200  # characters of an offending value quoted in a ParseError
+ID_ALPHABET = string.ascii_letters + string.digits  # of random call ids
 
 
 class CallIds:
-    """Indices 0, 1, ... and ids ``prefix + index`` for the calls of one output.
+    """Indices 0, 1, ... and ids for the calls of one output.
 
-    The prefix should be unique per request (ids must not repeat within a conversation). Mutated
-    by every parser of one pipeline, which are all driven by one thread.
+    Ids are ``prefix + index`` (the prefix should be unique per request: ids must not repeat within
+    a conversation), or, with ``random_len`` (the contract's ``tool_call_id_len``), that many random
+    alphanumerics drawn per call: some chat templates (Mistral's) render only such ids, and a client
+    sends a response's calls back as history. Mutated by every parser of one pipeline, which are all
+    driven by one thread.
     """
 
-    def __init__(self, prefix: str):
+    def __init__(self, prefix: str, random_len: int = 0):
         self._prefix = prefix
+        self._random_len = random_len
         self._next = 0
+        self._drawn: set[str] = set()
 
     def allocate(self) -> tuple[int, str]:
         index, self._next = self._next, self._next + 1
-        return index, f"{self._prefix}{index}"
+        if not self._random_len:
+            return index, f"{self._prefix}{index}"
+        call_id = self._draw()
+        while call_id in self._drawn:  # distinct within the output whatever the draws
+            call_id = self._draw()
+        self._drawn.add(call_id)
+        return index, call_id
+
+    def _draw(self) -> str:
+        return "".join(secrets.choice(ID_ALPHABET) for _ in range(self._random_len))
 
 
 class ValueMode(enum.Enum):

@@ -4,6 +4,8 @@ Spellings served (all from `JsonCallSyntax` data, none keyed by model identity):
 
     <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>          Hermes style (Qwen2.5, Qwen3)
     [TOOL_CALLS][{"name": "f", "arguments": {...}}]                       Mistral (block runs to the end)
+    [TOOL_CALLS]f[ARGS]{...}[TOOL_CALLS]g[ARGS]{...}                     newer Mistral (the block opener
+                                                                          opens the first call too)
     {"name": "f", "parameters": {...}}                                    Llama 3.x (no opener: the answer
                                                                           is a call when it starts with `{`)
     <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\\n```json\\n{...}\\n```<｜tool▁call▁end｜>...
@@ -85,7 +87,9 @@ def _object_call(item: object, syntax: JsonCallSyntax) -> ParsedCall:
     key = syntax.arguments_key
     if key not in item and _ARGUMENTS_ALIASES.get(key) in item:  # the other common spelling: not dropped
         key = _ARGUMENTS_ALIASES[key]
-    arguments = item.get(key, {})
+    arguments = item.get(key)
+    if arguments is None:  # absent, or `null` as models write for a call without arguments: no arguments
+        arguments = {}
     if isinstance(arguments, str):  # some models write the arguments object as a JSON string
         try:
             arguments = parse_json(arguments)
@@ -105,8 +109,12 @@ def _arguments_text(arguments: dict) -> str:
 
 def _named_calls(body: str, syntax: JsonCallSyntax) -> list[ParsedCall]:
     calls, at = [], _skip(body, 0)
+    # A block opener that is also the invocation opener (`[TOOL_CALLS]f[ARGS]{...}[TOOL_CALLS]g[ARGS]{...}`)
+    # opened the first call too; a body that repeats it (as forced-call grammars write it) is read as well.
+    is_first_open = syntax.block_open == syntax.invoke_open and not body.startswith(syntax.invoke_open, at)
     while at < len(body):
-        at = _expect(body, at, syntax.invoke_open)
+        if not (is_first_open and not calls):
+            at = _expect(body, at, syntax.invoke_open)
         end = body.find(syntax.name_end, at)
         if end < 0:
             raise MalformedCalls("a function name is not terminated")

@@ -55,12 +55,14 @@ class PlainText:
 @dataclass(frozen=True)
 class OutputRequest:
     """Per-request parser inputs: registered tools, the call-id prefix (unique per request), the
-    initial state from the prompt path and the answer mode."""
+    initial state from the prompt path, the answer mode and the length of random call ids (the
+    contract's ``tool_call_id_len``; 0: ids are the prefix and the call's index)."""
 
     tools: ToolRegistry
     call_id_prefix: str
     start: OutputStart = field(default_factory=OutputStart)
     answer: AnswerMode = AnswerMode.FREE
+    call_id_len: int = 0
 
 
 _GRAMMARS = {
@@ -91,7 +93,7 @@ class OutputPipeline:
 
     @classmethod
     def create(cls, syntax: OutputSyntax, delimiters: TokenDelimiters, request: OutputRequest) -> "OutputPipeline":
-        ids = CallIds(request.call_id_prefix)
+        ids = CallIds(request.call_id_prefix, request.call_id_len)
         if syntax.frames is not None:
             for name in ("start_control", "message_control", "end_message_control"):
                 if not delimiters.is_single_token(getattr(syntax.frames, name)):

@@ -16,6 +16,7 @@ a DeepSeek-V3.1 or Qwen3 template, whose generation prompts open or close reason
 | deepseek-v3.2 | deepseek_v32 | DSML invoke/parameter elements (DSML) |
 | llama3 | llama | bare `{"name": ..., "parameters": {...}}` answer (JSON_CALLS) |
 | mistral | mistral, mixtral | `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` (JSON_CALLS) |
+| mistral-args | mistral, mixtral | `[TOOL_CALLS]NAME[ARGS]{...}`, one `[TOOL_CALLS]` per call (JSON_CALLS) |
 | xtml | - | `<xtml:calls><xtml:call name=...>` (XTML; XTML think reasoning) |
 | harmony | gpt_oss | `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}` (HARMONY_CHANNELS; analysis channel reasoning) |
 
@@ -74,8 +75,15 @@ FAMILIES = (
            spb.ToolSyntax(opener="<｜tool▁calls▁begin｜>", closer="<｜tool▁calls▁end｜>",
                           invoke_open="<｜tool▁call▁begin｜>", name_end="<｜tool▁sep｜>",
                           invoke_close="<｜tool▁call▁end｜>")),
-    Family("mistral", ("mistral", "mixtral", "ministral"), ("[TOOL_CALLS]",), spb.TOOL_PARSER_JSON_CALLS,
+    # The name as a JSON string: this family's calls are JSON objects (any spacing), the newer ones are not.
+    Family("mistral", ("mistral", "mixtral", "ministral"), ("[TOOL_CALLS]", f'"{TOOL_NAME}"'),
+           spb.TOOL_PARSER_JSON_CALLS,
            spb.ToolSyntax(opener="[TOOL_CALLS]", name_key="name", arguments_key="arguments")),
+    # Newer Mistral templates (tokenizer v13): no array, each call opened by its own [TOOL_CALLS]; the
+    # block opener is also the first call's invocation opener (json_calls reads it so).
+    Family("mistral-args", ("mistral", "mixtral", "ministral"), (f"[TOOL_CALLS]{TOOL_NAME}[ARGS]",),
+           spb.TOOL_PARSER_JSON_CALLS,
+           spb.ToolSyntax(opener="[TOOL_CALLS]", invoke_open="[TOOL_CALLS]", name_end="[ARGS]")),
     Family("hermes", ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"), ("<tool_call>", f'"name": "{TOOL_NAME}"'),
            spb.TOOL_PARSER_JSON_CALLS,
            spb.ToolSyntax(opener="<tool_call>", closer="</tool_call>", name_key="name", arguments_key="arguments")),
@@ -99,7 +107,11 @@ FAMILIES += (
 )
 BY_NAME = {family.name: family for family in FAMILIES}
 # Rendered markup of syntaxes no parser here reads; naming them beats a silent "no tools".
-UNSUPPORTED = {"<|channel|>": "harmony channels without function recipients", "<|python_tag|>": "Llama built-in tool calls"}
+UNSUPPORTED = {
+    "<|channel|>": "harmony channels without function recipients",
+    "<|python_tag|>": "Llama built-in tool calls",
+    "[CALL_ID]": "Mistral calls carrying their id, [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}",
+}
 
 
 def select_family(rendered_call: str, model_type: str, stated: str | None) -> Family | None:

@@ -9,6 +9,8 @@
   without an ``enable_thinking``/``thinking`` switch, or around an assistant message's
   ``reasoning_content``), and the wrapping it renders around them.
 - `tool_call_text`: how an assistant message with one tool call renders (the family's markup).
+- `tool_call_id_len`: the length of the random alphanumeric call ids the template requires, where it
+  refuses ids of the server's default form (Mistral's: nine alphanumerics).
 - `prefix_rules`: per role, the strongest prefix constraint under which every shorter probe
   conversation's stable part renders as a prefix of every longer one.
 
@@ -32,6 +34,8 @@ SYSTEM, USER1, USER2, USER3 = "Probe system text.", "Probe question one?", "Prob
 ANSWER1, ANSWER2, REASONING = "Probe answer one.", "Probe answer two.", "Probe reasoning text."
 TOOL_NAME, TOOL_KEY, TOOL_VALUE, TOOL_RESULT = "probe_lookup", "probe_key", "probe value", "Probe result."
 CALL_ID = "probe0001"  # nine alphanumerics: Mistral templates insist
+# A call id of the server's default form, `call_<request id>_<index>` (helios.frontend.session).
+DEFAULT_FORM_CALL_ID = "call_0123456789abcdef0123456789abcdef_0"
 PROBE_TOOLS = [{"type": "function", "function": {
     "name": TOOL_NAME, "description": "Probe tool.",
     "parameters": {"type": "object", "properties": {TOOL_KEY: {"type": "string"}}, "required": [TOOL_KEY]},
@@ -52,16 +56,16 @@ def assistant(text: str, reasoning: str | None = None) -> dict:
     return message
 
 
-def tool_call_message(arguments_as_text: bool = False) -> dict:
+def tool_call_message(arguments_as_text: bool = False, call_id: str = CALL_ID) -> dict:
     arguments = {TOOL_KEY: TOOL_VALUE}
     if arguments_as_text:
         arguments = '{"%s": "%s"}' % (TOOL_KEY, TOOL_VALUE)
-    call = {"id": CALL_ID, "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}
+    call = {"id": call_id, "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
-def tool_result() -> dict:
-    return {"role": "tool", "content": TOOL_RESULT, "tool_call_id": CALL_ID, "name": TOOL_NAME}
+def tool_result(call_id: str = CALL_ID) -> dict:
+    return {"role": "tool", "content": TOOL_RESULT, "tool_call_id": call_id, "name": TOOL_NAME}
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,26 @@ def tool_call_text(template: ProbeTemplate) -> str:
                 if TOOL_NAME in region:
                     return region
     return ""
+
+
+def tool_call_id_len(template: ProbeTemplate) -> int:
+    """The length of the random alphanumeric ids the server must give tool calls so that a client
+    can send them back as history: 0 when the template renders a call and its result under an id of
+    the server's default form (or renders no call under either id), else the length of the probe's
+    alphanumeric id where that renders (Mistral's templates refuse any other: "Tool call IDs should
+    be alphanumeric strings with length 9!")."""
+    if _renders_call(template, DEFAULT_FORM_CALL_ID) or not _renders_call(template, CALL_ID):
+        return 0
+    return len(CALL_ID)
+
+
+def _renders_call(template: ProbeTemplate, call_id: str) -> bool:
+    """Whether a tool call under `call_id` and its result render after the user message."""
+    for as_text, tools in itertools.product((False, True), (PROBE_TOOLS, None)):
+        messages = [user(USER1), tool_call_message(as_text, call_id), tool_result(call_id)]
+        if template.try_render(messages, tools=tools) is not None:
+            return True
+    return False
 
 
 def _conversation(template: ProbeTemplate, has_tools: bool, arguments_as_text: bool) -> list[dict]:

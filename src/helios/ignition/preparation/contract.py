@@ -118,6 +118,7 @@ class FrontendDeclaration:
     prefix_boundaries: tuple[spb.PrefixBoundaryRule, ...] = ()
     family: str = "none"  # the declared family's name, for preparation logs (not contract data)
     channel_syntax: spb.ChannelSyntax | None = None  # the harmony channel parsers' markup
+    tool_call_id_len: int = 0  # random alphanumeric tool-call ids the template requires (0: any id renders)
 
 
 @dataclass(frozen=True)
@@ -534,3 +535,4 @@ def _frontend(target: spb.FrontendContract, frontend: FrontendDeclaration) -> No
     if frontend.channel_syntax is not None:
         target.channel_syntax.CopyFrom(frontend.channel_syntax)
     target.prefix_boundaries.extend(frontend.prefix_boundaries)
+    target.tool_call_id_len = frontend.tool_call_id_len
