@@ -122,12 +122,21 @@ class Engine:
         self._thread.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stops the worker after its current round; in-flight requests end CANCELLED."""
+        """Stops the worker after its current round: queued and running requests end CANCELLED, and
+        a request submitted later ends CANCELLED at once (idempotent). An engine never started
+        (driven by `run_until_idle`, maybe interrupted mid-round) winds down here, in the calling
+        thread, as the worker's last round would: nothing else would ever end its requests."""
         with self._wake:
             self._running = False
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+        elif not self._is_closed:
+            try:
+                self._wind_down()
+            except BaseException as error:  # noqa: BLE001 - as `_loop`: no request waits on a broken engine
+                self._fail_worker(error)
+                raise
 
     @property
     def is_healthy(self) -> bool:
@@ -183,10 +192,14 @@ class Engine:
         try:
             self._serve()
         except BaseException as error:  # noqa: BLE001 - no request may wait forever on a dead worker
-            self.failure = f"{type(error).__name__}: {error}"
-            self.stats.healthy = False
-            self._close(FinishReason.ERROR, f"model worker failed: {type(error).__name__}: {error}")
+            self._fail_worker(error)
             raise
+
+    def _fail_worker(self, error: BaseException) -> None:
+        """The worker's own bookkeeping failed: the engine is unhealthy and every request ends ERROR."""
+        self.failure = f"{type(error).__name__}: {error}"
+        self.stats.healthy = False
+        self._close(FinishReason.ERROR, f"model worker failed: {type(error).__name__}: {error}")
 
     def _serve(self) -> None:
         while True:
@@ -200,6 +213,13 @@ class Engine:
             self._admit(ingress)
             self._apply(commands)
             self.step()
+        self._wind_down()
+
+    def _wind_down(self) -> None:
+        """The last round: completes the launched plans, cancels every request and closes. A plan
+        an interrupt took from `_launched` before its completion stays in the scheduler's flight;
+        its requests end CANCELLED all the same (their pages wait for a completion that never comes:
+        the engine serves no more)."""
         self._drain()
         for request_id in list(self._active):
             self._dispatch(self.scheduler.cancel(request_id))
@@ -354,6 +374,9 @@ class Engine:
         plan, launched = self._launched.popleft()
         try:
             output = self.executor.finish(launched)
+            scores = []  # read before the next launch; only a scored prefill has them
+            if plan.operation == Operation.SCORED_PREFILL:  # (outputs a fault left unreadable fail the plan too)
+                scores = prompt_score_events(plan, output.outputs, self._prompt_lens(plan))
         except Exception as error:  # noqa: BLE001 - a device or program failure must not kill the worker
             self._fail(plan, error)
             return
@@ -361,9 +384,6 @@ class Engine:
             self.stats.graph_launches[plan.operation.name.lower()] += 1
         for name, count in output.state_launches.items():  # the core's SNAPSHOT / RESTORATION programs
             self.stats.graph_launches[name] += count
-        scores = []  # read before the next launch; only a scored prefill has them
-        if plan.operation == Operation.SCORED_PREFILL:
-            scores = prompt_score_events(plan, output.outputs, self._prompt_lens(plan))
         self._dispatch(scores + self.scheduler.complete(plan, output.results))
 
     def _prompt_lens(self, plan) -> dict[str, int]:

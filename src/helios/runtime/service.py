@@ -43,10 +43,13 @@ class Runtime:
     peers: RankPeers | None = None  # tensor-parallel ranks 1..N-1; None for a one-rank core
 
     def close(self) -> None:
-        """Stops the engine, then the tensor-parallel peers (idempotent)."""
-        self.engine.shutdown()
-        if self.peers is not None:
-            self.peers.close()
+        """Stops the engine, then the tensor-parallel peers (idempotent). The peers stop even when
+        the engine's shutdown raises (an engine never started winds down in this thread)."""
+        try:
+            self.engine.shutdown()
+        finally:
+            if self.peers is not None:
+                self.peers.close()
 
 
 def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:

@@ -200,9 +200,14 @@ class CacheManager:
         return chunk, CopyWork(tuple(copies), ((snapshot.snapshot_id, FenceKind.RESTORE),))
 
     def _restore_source(self, req: RequestState, reuse: bool) -> Snapshot | None:
+        """The snapshot to restore `req` from: its own private one (a preempted request's) when its
+        capture completed, else the longest ready published one it extends. A private snapshot still
+        being written, or dropped (its capture failed), does not end the search: a published state
+        (its prompt's, say) still spares recomputing from position 0."""
         if req.snapshot_id:
             snapshot = self.snapshots.get(req.snapshot_id)
-            return snapshot if snapshot is not None and snapshot.ready else None
+            if snapshot is not None and snapshot.ready:
+                return snapshot
         if not reuse:
             return None
         return self.snapshots.find(keyed_tokens(req), req.chain, req.root)

@@ -185,6 +185,8 @@ class SnapshotStore:
         snapshot = self._snapshots[snapshot_id]
         if kind == FenceKind.RESTORE:
             snapshot.num_readers -= 1
+            if ok:  # a restore counts once its copies ran: a failed plan restored nothing
+                self.num_restored += 1
         else:
             snapshot.writing = False
             self._pool.release(snapshot.fenced_pages)
@@ -269,8 +271,8 @@ class SnapshotStore:
         A device snapshot's complete pages are shared (the caller retains them), so `pages` holds
         only the tail page, if any. A host snapshot's first `num_shared` complete pages were found
         in the prefix cache; `pages` receives the remaining complete pages and then the tail page.
-        The caller holds the snapshot (`hold`) until `settle(..., RESTORE, ...)`; a private
-        snapshot is consumed.
+        The caller holds the snapshot (`hold`) until `settle(..., RESTORE, ...)`, which counts the
+        restore (`num_restored`) when its copies ran; a private snapshot is consumed.
         """
         page_tokens = self._layout.page_tokens
         copies = []
@@ -282,7 +284,6 @@ class SnapshotStore:
             copies.append(CopyOp(snapshot.tail, _page(pages[-1]), partial))
         if not self._layout.pages_capture_state:
             copies.append(CopyOp(snapshot.tail, Location(StorageKind.STATE, state_slot), 0))
-        self.num_restored += 1
         if snapshot.owner is not None:
             snapshot.doomed = True
         elif snapshot.snapshot_id in self._lru:

@@ -1,0 +1,242 @@
+"""The engine's lifecycle at its edges, over the fake model: shutdown of an engine that was never
+started (driven by `run_until_idle`) or was interrupted mid-round, submissions after it, a failed
+round's plan, and commands aimed at requests that already ended."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helios.contract.views import TARGET_LOGPROB_OUTPUTS
+from helios.runtime.engine import Engine, EngineRequest
+from helios.runtime.execution.step_output import StepOutput
+from helios.runtime.outlet import StepBatch
+from helios.runtime.records.capacities import Operation
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.scheduling.scheduler import Scheduler
+
+from .fake_model import FakeExecutor, reference
+from .harness import assert_all_released, capacities, spec
+
+
+class Stub:
+    """The executor protocol over the fake model. `on_finish(plan)` runs before a plan's output is
+    returned (it may raise, as a device fault or an interrupt would); `outputs(plan)` gives the
+    program's named outputs."""
+
+    def __init__(self, caps):
+        vocabulary = SimpleNamespace(mask_words=4)
+        self.model = SimpleNamespace(prepared=SimpleNamespace(contract=SimpleNamespace(
+            model=SimpleNamespace(vocabulary=vocabulary))))
+        self.images = None
+        self.overlaps = False
+        self._fake = FakeExecutor(caps)
+        self.on_finish = lambda plan: None
+        self.outputs = lambda plan: {}
+
+    def launch(self, plan, *, alone: bool = False):
+        return plan, tuple(self._fake.run(plan))
+
+    def finish(self, handle) -> StepOutput:
+        plan, results = handle
+        self.on_finish(plan)
+        return StepOutput(results, self.outputs(plan))
+
+
+class Recorder:
+    """Each request's tokens and finish events (every one of them: a second is a defect)."""
+
+    def __init__(self):
+        self.tokens: dict[str, list[int]] = {}
+        self.ends: dict[str, list[FinishEvent]] = {}
+
+    def __call__(self, event) -> None:
+        if isinstance(event, TokenEvent):
+            assert not self.ends.get(event.request_id), f"{event.request_id}: a token after its finish"
+            self.tokens.setdefault(event.request_id, []).extend(event.token_ids)
+        elif isinstance(event, FinishEvent):
+            self.ends.setdefault(event.request_id, []).append(event)
+
+    def reasons(self) -> dict[str, list[FinishReason]]:
+        return {rid: [e.reason for e in ends] for rid, ends in self.ends.items()}
+
+
+def engine_of(frames: int = 1, **caps_options) -> tuple[Engine, Stub]:
+    caps = capacities(**caps_options)
+    executor = Stub(caps)
+    return Engine(Scheduler.create(caps), executor, frames=frames), executor
+
+
+PROMPTS = {f"r{i}": tuple(range(3 + i, 12 + 2 * i)) for i in range(4)}
+
+
+def submit_all(engine: Engine, record: Recorder, max_output: int = 40) -> None:
+    for request_id, prompt in PROMPTS.items():
+        engine.submit(EngineRequest(spec(request_id, prompt, max_output), record))
+
+
+# -- shutdown ------------------------------------------------------------------------------------
+
+
+def test_shutdown_of_an_engine_never_started_ends_its_running_queued_and_ingress_requests():
+    """Two slots and a queue of one: after a round two requests run, one waits in the scheduler's
+    queue and one in the ingress channel; shutdown ends all four CANCELLED, once each, and frees
+    what they held."""
+    engine, _ = engine_of(max_active=2, queue=1)
+    record = Recorder()
+    submit_all(engine, record)
+    ingress = list(engine._ingress)
+    engine._ingress.clear()
+    engine._admit(ingress)  # what a round of `run_until_idle` does first
+    assert engine.step()
+    assert len(engine._ingress) >= 1 and engine.scheduler.queues.running
+    engine.shutdown()
+    assert record.reasons() == {rid: [FinishReason.CANCELLED] for rid in PROMPTS}
+    assert_all_released(engine.scheduler)
+    assert not engine.has_pending
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_a_request_submitted_after_shutdown_ends_at_once(started):
+    engine, _ = engine_of()
+    if started:
+        engine.start()
+    engine.shutdown()
+    record = Recorder()
+    engine.submit(EngineRequest(spec("late", (1, 2, 3), 4), record))
+    assert record.reasons() == {"late": [FinishReason.CANCELLED]}
+    assert not engine.has_pending and not engine.scheduler.has_work
+
+
+def test_a_request_submitted_through_the_sink_after_shutdown_ends_at_once():
+    engine, _ = engine_of()
+    batches: list[StepBatch] = []
+    engine.connect(batches.append)
+    engine.shutdown()
+    engine.submit(EngineRequest(spec("late", (1, 2, 3), 4)))
+    assert [(e.request_id, e.reason) for b in batches for e in b.events] == [("late", FinishReason.CANCELLED)]
+
+
+def test_an_interrupt_mid_round_then_shutdown_ends_every_request_once():
+    """Ctrl-C inside a round of `run_until_idle` (here: while the third plan is finished), then the
+    caller's `shutdown` (`Runtime.close` in a `finally`): every request gets its finish event."""
+    engine, executor = engine_of()
+    record = Recorder()
+    submit_all(engine, record)
+
+    def interrupt(plan):
+        if plan.sequence == 2:
+            raise KeyboardInterrupt
+
+    executor.on_finish = interrupt
+    with pytest.raises(KeyboardInterrupt):
+        engine.run_until_idle()
+    engine.shutdown()
+    assert record.reasons() == {rid: [FinishReason.CANCELLED] for rid in PROMPTS}
+    engine.submit(EngineRequest(spec("late", (1, 2, 3), 4), record))
+    assert record.reasons()["late"] == [FinishReason.CANCELLED]
+
+
+def test_shutdown_twice_and_after_the_work_ended_changes_nothing():
+    engine, _ = engine_of()
+    record = Recorder()
+    submit_all(engine, record, max_output=3)
+    engine.run_until_idle()
+    engine.shutdown()
+    engine.shutdown()
+    assert record.reasons() == {rid: [FinishReason.LENGTH] for rid in PROMPTS}
+    assert record.tokens == {rid: reference(prompt, 3) for rid, prompt in PROMPTS.items()}
+    assert_all_released(engine.scheduler)
+
+
+# -- a round that fails --------------------------------------------------------------------------
+
+
+def test_prompt_scores_that_cannot_be_read_fail_their_plan_not_the_worker():
+    """A scored prefill whose scores output is short (a program or device fault that shows only when
+    the scores are read): that plan's request ends ERROR, its pages go back, the other request goes
+    on to its own tokens and the engine stays healthy."""
+    engine, executor = engine_of()
+    executor.outputs = lambda plan: ({TARGET_LOGPROB_OUTPUTS[0]: torch.zeros(1)}
+                                     if plan.operation == Operation.SCORED_PREFILL else {})
+    record = Recorder()
+    engine.submit(EngineRequest(spec("plain", PROMPTS["r0"], 6), record))
+    engine.submit(EngineRequest(spec("scored", PROMPTS["r1"], 6, score_prompt=True), record))
+    engine.run_until_idle()
+    assert record.reasons() == {"plain": [FinishReason.LENGTH], "scored": [FinishReason.ERROR]}
+    assert record.tokens["plain"] == reference(PROMPTS["r0"], 6) and "scored" not in record.tokens
+    assert engine.is_healthy and not engine.scheduler.has_work
+    assert_all_released(engine.scheduler)
+
+
+def test_a_plan_that_fails_at_launch_ends_its_requests_and_the_rest_go_on():
+    """The first plan (both prompts) fails at its launch: both end ERROR once, with their pages
+    back; a request submitted after it runs to its own tokens."""
+    engine, executor = engine_of()
+    launch = executor.launch
+
+    def fail_first(plan, *, alone=False):
+        if plan.sequence == 0:
+            raise RuntimeError("injected launch fault")
+        return launch(plan, alone=alone)
+
+    executor.launch = fail_first
+    record = Recorder()
+    for request_id in ("r0", "r1"):
+        engine.submit(EngineRequest(spec(request_id, PROMPTS[request_id], 5), record))
+    engine.run_until_idle()
+    engine.submit(EngineRequest(spec("r2", PROMPTS["r2"], 5), record))
+    engine.run_until_idle()
+    assert record.reasons() == {"r0": [FinishReason.ERROR], "r1": [FinishReason.ERROR], "r2": [FinishReason.LENGTH]}
+    assert "injected launch fault" in record.ends["r0"][0].message
+    assert record.tokens == {"r2": reference(PROMPTS["r2"], 5)}
+    assert engine.is_healthy
+    assert_all_released(engine.scheduler)
+
+
+# -- commands and ids at the edges -----------------------------------------------------------------
+
+
+def test_cancels_of_ended_requests_and_a_duplicate_id_touch_nothing_else():
+    """A duplicate of a running request's id (submitted at its first token) is rejected alone;
+    cancelling a request twice, or one that already ended, sends no second finish and leaves the
+    others running."""
+    engine, _ = engine_of()
+    record, duplicate = Recorder(), Recorder()
+
+    def at_first_token(event):
+        record(event)
+        if event.request_id == "r1" and not duplicate.ends:
+            engine.submit(EngineRequest(spec("r1", PROMPTS["r3"], 6), duplicate))
+
+    engine.submit(EngineRequest(spec("r0", PROMPTS["r0"], 3), record))
+    engine.submit(EngineRequest(spec("r1", PROMPTS["r1"], 6), at_first_token))
+    engine.submit(EngineRequest(spec("r2", PROMPTS["r2"], 6), record))
+    engine.cancel("r2")
+    engine.cancel("r2")
+    engine.run_until_idle()
+    engine.cancel("r0")
+    engine.cancel("missing")
+    engine.run_until_idle()
+    assert record.reasons() == {"r0": [FinishReason.LENGTH], "r1": [FinishReason.LENGTH],
+                                "r2": [FinishReason.CANCELLED]}
+    assert duplicate.reasons() == {"r1": [FinishReason.REJECTED]} and not duplicate.tokens
+    assert record.tokens == {"r0": reference(PROMPTS["r0"], 3), "r1": reference(PROMPTS["r1"], 6)}
+    assert_all_released(engine.scheduler)
+
+
+def test_runtime_close_stops_the_peers_even_when_the_engine_shutdown_raises():
+    from helios.runtime.service import Runtime
+
+    closed = []
+
+    class Broken:
+        def shutdown(self):
+            raise RuntimeError("the wind-down failed")
+
+    runtime = Runtime(SimpleNamespace(), Broken(), SimpleNamespace(close=lambda: closed.append(True)))
+    with pytest.raises(RuntimeError, match="wind-down"):
+        runtime.close()
+    assert closed == [True]
