@@ -64,7 +64,7 @@ import enum
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import llguidance
 import numpy as np
@@ -366,10 +366,10 @@ class GrammarCompiler:
     def compile_source(self, source: str) -> GrammarMatcher:
         """A fresh matcher from a matcher's `source` (another process's compile of the same grammar
         against the same tokenizer); GrammarError if it does not compile."""
-        matcher = llguidance.LLMatcher(self._tokenizer, source, log_level=0, limits=LIMITS)
+        matcher = self._rebuild(source)()
         if matcher.is_error():
             raise GrammarError(f"the grammar does not compile: {user_message(matcher.get_error())}")
-        return GrammarMatcher(matcher, self.mask_words, source)
+        return GrammarMatcher(matcher, self.mask_words, source, self._rebuild(source))
 
     def check(self, request: GrammarRequest) -> None:
         """GrammarError unless `request` compiles and stays within llguidance's limits where an
@@ -479,7 +479,7 @@ class GrammarCompiler:
         """The request's matcher once it constructed and computed its first mask (GrammarError otherwise)."""
         if matcher.is_error():
             raise GrammarError(f"{what} does not compile: {user_message(matcher.get_error())}")
-        started = GrammarMatcher(matcher, self.mask_words, source)
+        started = GrammarMatcher(matcher, self.mask_words, source, self._rebuild(source))
         started.bitmask()
         if started.is_error:
             raise GrammarError(f"{what} {failure_reason(started.error)}")
@@ -488,6 +488,10 @@ class GrammarCompiler:
     def _matcher(self, lark: str, answer: GrammarRequest | None) -> tuple[llguidance.LLMatcher, str]:
         source = self.document_text(lark, answer)
         return llguidance.LLMatcher(self._tokenizer, source, log_level=0, limits=LIMITS), source
+
+    def _rebuild(self, source: str) -> Callable[[], llguidance.LLMatcher]:
+        """What builds a request's matcher again from its grammar text (`GrammarMatcher`'s rebuild)."""
+        return functools.partial(llguidance.LLMatcher, self._tokenizer, source, log_level=0, limits=LIMITS)
 
     def _answer_grammar(self, request: GrammarRequest) -> dict:
         if request.kind is GrammarKind.JSON_SCHEMA:
@@ -607,12 +611,34 @@ def allocate_bitmasks(num_rows: int, mask_words: int) -> np.ndarray:
 class GrammarMatcher:
     """One request's grammar state over generated tokens (EOS included once the answer is complete).
     `source`: the top-level grammar text it was compiled from (None for a fork), from which
-    `GrammarCompiler.compile_source` builds the same fresh matcher elsewhere."""
+    `GrammarCompiler.compile_source` builds the same fresh matcher elsewhere. `rebuild` (None: the
+    matcher cannot) makes that fresh llguidance matcher here, into which the masks and tokens taken
+    so far are replayed where a limit may have come from another matcher's work (`fork`).
 
-    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int, source: str | None = None):
+    Copies share the lexer: llguidance's `deep_copy` clones the parser's own state (its Earley rows,
+    items, token count and parser error) but shares the lexer behind one lock (its DFA and the states
+    it built, their `max_lexer_states` count, and its sticky error: a copy's mask that runs out of
+    step fuel, "too many expressions constructed", puts every matcher of that lexer in the error
+    state at its next mask or token). So the work on a copy (a trial in `fill_draft_bitmasks` or
+    `_refuses_all`, a sibling `fork`) counts toward this matcher's limits too, and llguidance offers
+    no copy with a lexer of its own short of compiling the grammar again. Where this matcher meets a
+    limit after a copy shared its lexer, it is built again from the grammar (`rebuild`), its own masks
+    and tokens replayed in their order (the states a lexer holds depend on the masks it computed too:
+    replayed without them, `[b-z]{40} a{100000}` took the "a" whose forced text meets the state limit
+    after its masks), and the mask or token tried once more on a lexer holding only its own work: the
+    limit it then meets is the one it meets alone. A compile and replay happen only then, never on
+    the common path. `_refuses_all` only consumes a token on its copies (the bytes its mask just walked,
+    and the text that token forces): it counts as sharing only where one of them met a limit, so a
+    request that never drafts nor forks is never rebuilt."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int, source: str | None = None,
+                 rebuild: Callable[[], llguidance.LLMatcher] | None = None):
         self._matcher = matcher
         self._mask_words = mask_words
         self.source = source
+        self._rebuild = rebuild
+        self._steps: list[int | None] = []  # its masks (None) and tokens in order, replayed when rebuilt
+        self._is_shared = False  # a copy shares the lexer: a limit may be another matcher's
         self._is_unspellable = False  # the last mask allowed only tokens llguidance then refuses
 
     @property
@@ -650,6 +676,9 @@ class GrammarMatcher:
         if out.dtype != np.int32 or out.shape != (self._mask_words,) or not out.flags["C_CONTIGUOUS"]:
             raise ValueError(f"mask row must be C-contiguous int32 [{self._mask_words}]")
         self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        if self._is_rebuilt_after_shared_limit():
+            self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        self._steps.append(None)
         self._is_unspellable = self._refuses_all(out)
 
     def _refuses_all(self, mask: np.ndarray) -> bool:
@@ -662,8 +691,11 @@ class GrammarMatcher:
         word = int(mask[words[0]]) & 0xFFFFFFFF
         for token_id in (MASK_WORD_BITS * int(words[0]) + bit for bit in range(MASK_WORD_BITS) if word >> bit & 1):
             probe = self._matcher.deep_copy()
-            if probe.consume_token(token_id) or REFUSED_TOKEN not in probe.get_error():
-                return False  # a token it takes, or one that meets a limit (an error when it comes)
+            if probe.consume_token(token_id):
+                return False  # a token it takes
+            if REFUSED_TOKEN not in probe.get_error():
+                self._is_shared = True  # the limit it met is in the lexer this matcher shares (see the class)
+                return False  # a token that meets a limit (an error when it comes)
         return True
 
     def bitmask(self) -> np.ndarray:
@@ -673,22 +705,55 @@ class GrammarMatcher:
 
     def consume_token(self, token_id: int) -> bool:
         """Advances by one generated token; False (and a sticky error) if the grammar forbids it."""
-        return self._matcher.consume_token(token_id)
+        accepted = self._matcher.consume_token(token_id)
+        if not accepted and self._is_rebuilt_after_shared_limit():
+            accepted = self._matcher.consume_token(token_id)
+        if accepted:
+            self._steps.append(token_id)
+        return accepted
 
     def fork(self) -> GrammarMatcher:
-        """An independent copy of the current state (the compiled grammar is shared)."""
+        """A copy of the current state that advances on its own. It shares the compiled grammar and
+        the lexer (see the class): either one that then meets a limit is rebuilt before it reports it."""
+        self._is_shared = True
+        fork = GrammarMatcher(self._matcher.deep_copy(), self._mask_words, rebuild=self._rebuild)
+        fork._steps, fork._is_shared = list(self._steps), True
+        return fork
+
+    def _trial(self) -> GrammarMatcher:
+        """A copy for trial work whose result is read, not kept: it reports a limit as it meets it."""
+        self._is_shared = True
         return GrammarMatcher(self._matcher.deep_copy(), self._mask_words)
+
+    def _is_rebuilt_after_shared_limit(self) -> bool:
+        """Whether this matcher, in the error state for a limit (not a dead end or a refused token)
+        while a copy shared its lexer, was built again from its grammar with its own masks and tokens
+        (see the class): the caller then repeats what met the limit."""
+        if self._rebuild is None or not self._is_shared or not self._matcher.is_error():
+            return False
+        error = self._matcher.get_error()
+        if is_dead_end(error) or REFUSED_TOKEN in error:
+            return False
+        fresh = self._rebuild()
+        for token_id in self._steps:
+            if token_id is None:
+                fresh.compute_bitmask()
+            else:
+                fresh.consume_token(token_id)
+        self._matcher, self._is_shared = fresh, False
+        return True
 
     def fill_draft_bitmasks(self, draft_ids: Sequence[int], out: np.ndarray) -> int:
         """Masks for a speculative round: row k constrains the target token after draft_ids[:k].
 
         `out` is int32 [len(draft_ids) + 1, mask_words]. Rows after the first draft the grammar
         rejects repeat that position's mask (verification cannot accept past it). Works on a copy,
-        so this matcher is unchanged; returns how many drafts the grammar accepts.
+        so this matcher is unchanged (a limit the copy meets is not this matcher's: see the class);
+        returns how many drafts the grammar accepts.
         """
         if out.shape != (len(draft_ids) + 1, self._mask_words):
             raise ValueError("draft mask rows must be [len(draft_ids) + 1, mask_words]")
-        probe = self.fork()
+        probe = self._trial()
         valid = 0
         probe.fill_bitmask(out[0])
         for token_id in draft_ids:
