@@ -31,7 +31,7 @@ from .parsers.conftest import small_bpe
 
 EOS_TEXT = "<|endoftext|>"
 DEEPSEEK = example_deepseek_v3()
-MARKUP = [EOS_TEXT, "<tool_call>", "</tool_call>", "[TOOL_CALLS]", DEEPSEEK.block_open, DEEPSEEK.block_close,
+MARKUP = [EOS_TEXT, "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", DEEPSEEK.block_open, DEEPSEEK.block_close,
           "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", DEEPSEEK.invoke_close]
 TOOLS = [ToolSchema("f", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})]
 CALL = '{"name": "f", "arguments": {"a":1}}'
@@ -42,6 +42,9 @@ SHAPES = {
                f"<tool_call>\n{CALL}\n</tool_call>\n<tool_call>\n{CALL}\n</tool_call>"),
     "mistral": (JsonCallSyntax("[TOOL_CALLS]", name_key="name", arguments_key="arguments"), f"[TOOL_CALLS][{CALL}]",
                 f"[TOOL_CALLS][{CALL}, {CALL}]"),
+    # (each call opens with the block opener: one opener per call, no separator, as the template writes them)
+    "mistral-args": (JsonCallSyntax("[TOOL_CALLS]", invoke_open="[TOOL_CALLS]", name_end="[ARGS]"),
+                     '[TOOL_CALLS]f[ARGS]{"a":1}', '[TOOL_CALLS]f[ARGS]{"a":1}[TOOL_CALLS]f[ARGS]{"a":1}'),
     "deepseek": (DEEPSEEK, f"{DEEPSEEK.block_open}{DEEPSEEK_CALL}{DEEPSEEK.block_close}",
                  f"{DEEPSEEK.block_open}{DEEPSEEK_CALL}\n{DEEPSEEK_CALL}{DEEPSEEK.block_close}"),
 }

@@ -77,7 +77,11 @@ def json_calls_lark(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[To
     def repeated(item: str, separator: str) -> str:  # one item when single (a bare group was exactly two)
         return item if single else f"{item} ({json_literal(separator)} {item})*"
 
-    if not syntax.name_key:
+    if not syntax.name_key and syntax.invoke_open == syntax.block_open:
+        # Each call's own opener opens the block (Mistral's `[TOOL_CALLS]NAME[ARGS]{...}`, calls written
+        # back to back): a block opener before it wrote `[TOOL_CALLS][TOOL_CALLS]`, which the model never does.
+        body = f"{'call' if single else 'call+'} {closer}"
+    elif not syntax.name_key:
         body = f"{opener} {repeated('call', NEWLINE)} {closer}"
     elif not syntax.block_open:
         body = "call"  # the answer itself is the call: one per output
