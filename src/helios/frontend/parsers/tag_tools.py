@@ -17,8 +17,10 @@ answer text (`StrayText.CONTENT`) and to `MarkupDropped` inside recipient tool f
   an invocation beyond the frame limit (`EXTRA_INVOCATION`), or non-whitespace text before a block's
   first invocation (`MALFORMED_CALL`): if the block has no started call yet, the whole block up to
   and including its closer is raw; otherwise that invocation up to its closer is raw. A block
-  opener before a block's first invocation or in its raw text ends the raw text there and opens a
-  block (prose that names the opener does not swallow the call after it);
+  opener before a block's first invocation, or in the raw text of a block rejected for text before
+  it (an inline name holding whitespace is such text), ends the raw text there and opens a block
+  (prose that names the opener does not swallow the call after it); in a rejected invocation's raw
+  text it is raw text (an example call quoted in an unknown tool's argument is no call);
 - a value closer is the value's end only where whitespace and then a tag that may follow a value
   (a key, the invocation or block closer) or the end of the output follow it; before other text it
   is value text (templates write values unescaped: ``x</parameter>y`` is one value);
@@ -62,6 +64,7 @@ class _S(enum.Enum):
     REJECT_INVOKE = 8
     OPAQUE = 9
     CLOSING = 10  # after a value closer: the value's end, or value text (decided by what follows)
+    REJECT_PROSE = 11  # a block rejected for text before its first invocation: a block opener opens a block
 
 
 def _tags(**forms: TagForm | str) -> TagSet:
@@ -104,7 +107,8 @@ class TagToolParser:
             _S.INVOKE: _tags(key=g.key_open, end=end, close=g.block_close if g.invoke_close else ""),
             _S.KEY: _tags(value=g.value_open, key=g.key_open, end=g.block_close),
             _S.VALUE: _tags(closer=g.value_close, **_unclosed_value_ends(g)),
-            _S.REJECT_BLOCK: _tags(close=g.block_close, open=g.block_open),
+            _S.REJECT_BLOCK: _tags(close=g.block_close),
+            _S.REJECT_PROSE: _tags(close=g.block_close, open=g.block_open),
             _S.REJECT_INVOKE: _tags(close=g.invoke_close or g.block_close),
         }
         self._state = _S.CONTENT
@@ -139,7 +143,7 @@ class TagToolParser:
         out: list[Event] = []
         if self._state is _S.CLOSING:
             self._end_value(self._held)
-        if self._state not in (_S.CONTENT, _S.OPAQUE, _S.REJECT_BLOCK, _S.REJECT_INVOKE):
+        if self._state not in (_S.CONTENT, _S.OPAQUE, _S.REJECT_BLOCK, _S.REJECT_INVOKE, _S.REJECT_PROSE):
             tail, self._buf = self._buf, ""
             if self._state in (_S.BLOCK, _S.NAME) and not self._block_calls:
                 self._name.append(tail)
@@ -200,17 +204,19 @@ class TagToolParser:
         elif state is _S.BLOCK and not self._block_calls:
             self._raw.append(text)
             if text.strip():
-                self._reject_block(out, ParseError(ParseErrorKind.MALFORMED_CALL, "text before the first invocation"))
+                self._reject_block(out, ParseError(ParseErrorKind.MALFORMED_CALL, "text before the first invocation"),
+                                   _S.REJECT_PROSE)
                 return True
         elif state is _S.NAME:
             self._name.append(text)
             if len("".join(self._name)) > MAX_CAPTURE_LEN:
                 self._raw.append("".join(self._name))
-                self._reject_block(out, ParseError(ParseErrorKind.MALFORMED_CALL, "invocation name too long"))
+                self._reject_block(out, ParseError(ParseErrorKind.MALFORMED_CALL, "invocation name too long"),
+                                   _S.REJECT_PROSE)
                 return True
         elif state is _S.VALUE:
             out.extend(self._call.value_text(text))
-        elif state in (_S.REJECT_BLOCK, _S.REJECT_INVOKE):
+        elif state in (_S.REJECT_BLOCK, _S.REJECT_INVOKE, _S.REJECT_PROSE):
             self._raw_out(out, text)
         else:  # BLOCK after a started call, INVOKE, KEY
             self._stray.append(text)
@@ -253,11 +259,11 @@ class TagToolParser:
             self._state = _S.CLOSING
         elif state is _S.VALUE:
             self._end_unclosed_value(out, label, captures, tag_text)
-        elif label == "open":  # a block opener in a rejected block: the rejected text ends, a block starts
+        elif label == "open":  # a block opener in a block rejected as prose: the rejected text ends, a block starts
             self._open_block(out, tag_text)
         else:  # a rejected block or invocation ends
             self._raw_out(out, tag_text)
-            self._state = _S.CONTENT if state is _S.REJECT_BLOCK else _S.BLOCK
+            self._state = _S.BLOCK if state is _S.REJECT_INVOKE else _S.CONTENT
 
     def _closing_step(self, out: list[Event], final: bool) -> bool:
         """After a value closer: whitespace is held; a tag that may follow a value ends the value
@@ -348,9 +354,15 @@ class TagToolParser:
             name_text += tag_text
         else:  # the key or closer tag belongs to the invocation: scan it again there
             self._buf = tag_text + self._buf
-        self._start_invoke(out, name_text.strip(), name_text)
+        name = name_text.strip()
+        # no tool's name holds whitespace: such a "name" is prose after an opener, so a block opener in
+        # the rejected text may still open a block; a rejected name-shaped one is an invocation's
+        self._start_invoke(out, name, name_text, _S.REJECT_PROSE if len(name.split()) > 1 else _S.REJECT_BLOCK)
 
-    def _start_invoke(self, out: list[Event], name: str, tag_text: str) -> None:
+    def _start_invoke(self, out: list[Event], name: str, tag_text: str, rejected: _S = _S.REJECT_BLOCK) -> None:
+        """Starts the call ``name``, or rejects it: a block with no started call is raw up to its closer,
+        in the state ``rejected`` (`REJECT_PROSE` where a block opener may end it, for a name that is
+        no invocation's); otherwise the invocation is raw up to its closer."""
         g = self._g
         if g.max_invocations and self._num_calls >= g.max_invocations:
             error = ParseError(ParseErrorKind.EXTRA_INVOCATION, name)
@@ -361,7 +373,7 @@ class TagToolParser:
         if error is not None:
             if not self._block_calls:
                 self._raw.append(tag_text)
-                self._reject_block(out, error)
+                self._reject_block(out, error, rejected)
             else:
                 self._flush_stray(out)
                 out.append(error)
@@ -435,11 +447,14 @@ class TagToolParser:
         if text:
             out.append(ContentDelta(text) if self._stray_mode is StrayText.CONTENT else MarkupDropped(text))
 
-    def _reject_block(self, out: list[Event], error: ParseError) -> None:
+    def _reject_block(self, out: list[Event], error: ParseError, state: _S = _S.REJECT_BLOCK) -> None:
+        """The block so far is raw, and so is the rest up to its closer. ``state`` is `REJECT_PROSE`
+        where the block was rejected for text before its first invocation: a block opener in that
+        text may open the real block; in a rejected invocation (`REJECT_BLOCK`) it is quoted text."""
         out.append(error)
         self._raw_out(out, "".join(self._raw))
         self._raw = []
-        self._state = _S.REJECT_BLOCK
+        self._state = state
 
     def _flush_stray(self, out: list[Event]) -> None:
         text = "".join(self._stray)

@@ -17,6 +17,7 @@ into JSON text:
 
 from __future__ import annotations
 
+import decimal
 import enum
 import json
 import math
@@ -248,12 +249,14 @@ def typed_value(raw: str, kinds: frozenset[ValueKind]) -> TypedValue:
             ok, value = _try_kind(kind, text)
             if ok:
                 return TypedValue(dump_json(value), True)
-    if ValueKind.INTEGER in kinds:
+    if ValueKind.INTEGER in kinds and _try_kind(ValueKind.NUMBER, text)[0]:
         # JSON Schema's integers are the numbers with a zero fractional part: "3.0" is 3 (as
-        # transformers' response parser reads it), which no other allowed kind took above
-        ok, value = _try_kind(ValueKind.NUMBER, text)
-        if ok and float(value).is_integer():
-            return TypedValue(dump_json(int(value)), True)
+        # transformers' response parser reads it), which no other allowed kind took above. The text
+        # is a JSON number in float range (so its integer is bounded), read exactly, not through a
+        # float: one would round "9007199254740993.0" and still call it valid.
+        exact = decimal.Decimal(text)
+        if exact.is_finite() and exact == exact.to_integral_value():
+            return TypedValue(dump_json(int(exact)), True)
     return TypedValue(dump_json(raw), ValueKind.STRING in kinds)
 
 
