@@ -6,15 +6,23 @@ lost key, was returned and refused at every start ("no trusted key signed the co
 cache was cleared by hand; a public key file lost beside its private key failed every start too.
 Its first-use progress lines, with standard error closed (`2>&-`), went into standard output (the
 generated text of `helios generate`). `_prepare` is replaced by a stub that records where it
-prepares and reports one progress line (the preparation itself is `tests/server/test_app_embedded.py`'s)."""
+prepares and reports one progress line (the preparation itself is `tests/server/test_app_embedded.py`'s).
+Every start read the private key to name the core, so a cache prepared by another user (its key mode
+0600) failed to serve; two first runs at once could both fail, one leaving a .pub without its key."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
 import helios.embedded
+from helios.core.errors import KeyFileError
 from helios.core.keys import load_signing_key, parse_public_key
 from helios.embedded import prepared as embedded
 
@@ -78,3 +86,64 @@ def test_first_use_progress_is_dropped_with_standard_error_closed(cache, monkeyp
     embedded.embedded_core()  # its own progress: standard error
     assert len(cache[1]) == 1
     assert capsys.readouterr().out == ""
+
+
+def test_a_prepared_cache_is_served_without_reading_its_private_key(cache, monkeypatch):
+    """The key id comes from the .pub: a cache prepared by another user, whose private key this one
+    may not read, is served while its core and .pub are there; only a lost .pub needs the private key."""
+    root, prepared = cache
+    first = embedded.embedded_core(progress=lambda line: None)
+    read_bytes = Path.read_bytes
+
+    def unreadable_key(path):
+        if path == root / embedded.KEY_NAME:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", unreadable_key)
+    assert embedded.embedded_core(progress=lambda line: None) == first and len(prepared) == 1
+    first.public_key.unlink()
+    with pytest.raises(KeyFileError, match="cannot read private key .*Permission denied"):
+        embedded.embedded_core(progress=lambda line: None)
+    assert (root / embedded.KEY_NAME).is_file()  # not replaced by a new pair
+
+
+def test_a_first_run_coming_between_the_others_key_files_waits_for_them(tmp_path, monkeypatch):
+    """Run B starts while run A's `write_key_pair` has written the private key and not yet created its
+    .pub (at that os.open). B wrote the .pub itself, A's exclusive create of it failed, deleting A's
+    private key, and A failed ("cannot read private key"), leaving a .pub without its private key; B
+    now waits on the lock A holds (A goes on once B reaches flock) and both use A's pair."""
+    root = tmp_path / "embedded"
+    root.mkdir()
+    public = root / (embedded.KEY_NAME + ".pub")
+    real_open, real_flock = os.open, fcntl.flock
+    outcome, other_waits = [], threading.Event()
+
+    def other_run():
+        try:
+            outcome.append(embedded._publisher_key(root))
+        except BaseException as error:  # noqa: BLE001 - asserted below
+            outcome.append(error)
+        finally:
+            other_waits.set()
+
+    other = threading.Thread(target=other_run, daemon=True)
+
+    def flock(fd, operation):
+        if threading.current_thread() is other:
+            other_waits.set()  # at the lock: it has it once this run is done
+        return real_flock(fd, operation)
+
+    def between_key_files(path, flags, *args, **kwargs):
+        if os.fspath(path) == os.fspath(public) and other.ident is None:
+            other.start()
+            assert other_waits.wait(10)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.setattr(os, "open", between_key_files)
+    first = embedded._publisher_key(root)
+    other.join(10)
+    assert outcome == [first]
+    assert first == (public, load_signing_key(root / embedded.KEY_NAME).key_id.hex()[:16])
+    assert parse_public_key(public.read_text()).key_id.hex()[:16] == first[1]

@@ -192,6 +192,27 @@ def test_an_internationalized_url_is_sent_as_a_browser_sends_it(monkeypatch):
         server.server_close()
 
 
+@pytest.mark.parametrize(("host", "sent"), [("straße.de", "xn--strae-oqa.de"), ("example.com", "example.com")])
+def test_a_host_is_sent_to_the_domain_a_browser_reaches(monkeypatch, host, sent):
+    """ß is a letter of its own in a host name (IDNA 2008, UTS #46 non-transitional, as browsers read
+    it): straße.de is xn--strae-oqa.de. Python's "idna" codec (IDNA 2003) mapped it to "ss" and the
+    image was fetched from strasse.de, another domain. An ASCII host is sent as it is."""
+    server = _start("127.0.0.2")
+    resolved = []
+    original = decode_module._is_internal
+    monkeypatch.setattr(decode_module, "_is_internal", lambda ip: ip != "127.0.0.2" and original(ip))
+    monkeypatch.setattr(decode_module, "_resolve", lambda host, port: resolved.append(host) or ["127.0.0.2"])
+    try:
+        port = server.server_address[1]
+        (decoded,) = decode_image_urls([f"http://{host}:{port}/straße.png"], PUBLIC_ONLY)
+        assert decoded.image.size == (30, 20)
+        assert resolved == [sent] and server.hosts == [f"{sent}:{port}"]
+        assert server.paths == ["/stra%C3%9Fe.png"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_redirect_to_an_internal_address_is_refused(monkeypatch, local):
     """The first hop is "public" (a server on 127.0.0.2 the patched check lets through); its redirect
     to 127.0.0.1 is checked as every hop is, and refused before connecting."""

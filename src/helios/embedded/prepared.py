@@ -13,6 +13,8 @@ runs cannot see a partial core. The embedded-model owner may replace the body of
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -21,7 +23,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from helios.errors import LoadError
 
@@ -29,6 +31,8 @@ NAMESPACE = "helios.embedded/default"
 SERVED_ID = "helios-default"
 CACHE_ENV = "HELIOS_CACHE"
 KEY_NAME = "embedded-publisher.key"
+# Held by the run making or repairing the cache's publisher key (`_publisher_key`).
+LOCK_NAME = ".embedded-publisher.lock"
 CONTEXT_TOKENS = 2048
 DECODE_BATCHES = (1, 4, 16, 64)
 # Bumped when prepared cores change in a way older cached cores cannot be loaded or serve the
@@ -93,25 +97,48 @@ def checkpoint_digest(checkpoint: Path) -> str:
 def _publisher_key(root: Path) -> tuple[Path, str]:
     """The cache's publisher key, made on first use: its public key file and a short hex key id (the
     cores it signed are found by it). A public key file lost beside its private key is written again
-    from it; a key pair a concurrent first run made meanwhile is used, not refused."""
-    from helios.core.errors import KeyFileError
-    from helios.core.keys import PublicKey, SigningKey, load_signing_key, write_key_pair
+    from it; a lost private key makes a new pair.
+
+    The key id is read from the .pub; the private key is read only to write a lost .pub (and by
+    `_prepare`, to sign), so a cache prepared by another user (its private key mode 0600) is served
+    while its core and .pub are there. All of it runs under an exclusive lock on `LOCK_NAME`, so
+    concurrent first runs take turns: a run coming between another's private key and its .pub wrote
+    the .pub itself, the other's exclusive create of it then failed and deleted its private key (or
+    the first read that private key half written)."""
+    from helios.core.keys import PublicKey, SigningKey, load_public_key, load_signing_key, write_key_pair
 
     key = root / KEY_NAME
     public = root / (KEY_NAME + ".pub")
-    if not key.is_file():
-        public.unlink(missing_ok=True)  # left behind by a lost private key, it would refuse the new pair
-        try:
+    with _locked(root / LOCK_NAME):
+        if not key.is_file():
+            public.unlink(missing_ok=True)  # left behind by a lost private key, it would refuse the new pair
             write_key_pair(key, SigningKey.generate(), [NAMESPACE])
-        except KeyFileError:  # another first run made the pair meanwhile
-            pass
-    signing = load_signing_key(key)
-    if not public.is_file():
+        if public.is_file():
+            return public, load_public_key(public).key_id.hex()[:16]
+        signing = load_signing_key(key)
         scratch = root / f".{KEY_NAME}.pub.{os.getpid()}"
         line = PublicKey(signing.public.raw, frozenset({NAMESPACE})).to_line()
         scratch.write_text(f"# Helios Ed25519 public key, key id {signing.key_id.hex()}\n" + line, encoding="ascii")
-        os.replace(scratch, public)  # whole or not at all, for a concurrent reader
-    return public, signing.key_id.hex()[:16]
+        os.replace(scratch, public)  # whole or not at all, for a reader without the lock
+        return public, signing.key_id.hex()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Holds an exclusive `flock` on `path` (created if missing) for the block. A run that cannot open
+    it for writing (a cache another user made, a read-only file system) goes unlocked: it can only
+    read the key files there, not write them."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # for writing: over NFS an exclusive flock needs it
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 def _prepare(checkpoint: Path, target: Path, key: Path, progress: Callable[[str], None]) -> None:

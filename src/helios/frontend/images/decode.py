@@ -44,6 +44,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Sequence
 
+import idna
+
 from helios.frontend.images.errors import ImageRejected
 
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
@@ -218,15 +220,18 @@ def _sent_url(url: str) -> str:
     """`url` as a browser sends it: an internationalized host name in its IDNA (punycode) form, and
     the non-ASCII characters and spaces of its path, query and fragment percent-encoded as UTF-8
     (urllib sent them raw and failed: "ordinal not in range(256)" for a host such as 例え.テスト,
-    "can't contain control characters" for ``/cat photo.png``). Other URLs are sent as they are."""
+    "can't contain control characters" for ``/cat photo.png``). Other URLs are sent as they are.
+    The host is encoded by IDNA 2008 with UTS #46 non-transitional mapping, as browsers do: Python's
+    "idna" codec (IDNA 2003) maps ß to "ss" and sent straße.de to strasse.de, another domain than
+    the xn--strae-oqa.de a browser reaches."""
     if url.isascii() and " " not in url:
         return url
     parts = urllib.parse.urlsplit(url)
     netloc = parts.netloc
     if not netloc.isascii():
         try:
-            netloc = (parts.hostname or "").encode("idna").decode("ascii")
-        except UnicodeError as error:
+            netloc = idna.encode(parts.hostname or "", uts46=True, transitional=False).decode("ascii")
+        except idna.IDNAError as error:
             raise ImageRejected(f"the image URL's host is not a valid domain name: {_clipped(str(error))}") from None
         netloc += f":{parts.port}" if parts.port is not None else ""
 
