@@ -24,28 +24,14 @@ from helios.ignition.frontend import probes
 from helios.ignition.frontend.render import ProbeTemplate
 from helios.ignition.preparation import contract as preparation
 from support.chat_checkpoint import write_frontend_files
+from support.family_checkpoints import MISTRAL_ARGS_TEMPLATE
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "templates"
 TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
-# Mistral's newer template shape (Mistral Small 3.2, Magistral): one `[TOOL_CALLS]NAME[ARGS]ARGUMENTS`
-# per call; CALL_ID_FORM renders `[CALL_ID]ID` between the name and `[ARGS]` (tokenizer v11).
-ARGS_FORM = """{{- bos_token }}
-{%- for message in messages %}
-    {%- if message['role'] == 'user' %}
-        {{- '[INST]' + message['content'] + '[/INST]' }}
-    {%- elif message['role'] == 'assistant' %}
-        {%- if message['content'] %}{{- message['content'] }}{%- endif %}
-        {%- for tool_call in message['tool_calls'] or [] %}
-            {%- set arguments = tool_call['function']['arguments'] %}
-            {%- if arguments is not string %}{%- set arguments = arguments|tojson %}{%- endif %}
-            {{- '[TOOL_CALLS]' + tool_call['function']['name'] + '[ARGS]' + arguments }}
-        {%- endfor %}
-        {{- eos_token }}
-    {%- elif message['role'] == 'tool' %}
-        {{- '[TOOL_RESULTS]' + message['content'] + '[/TOOL_RESULTS]' }}
-    {%- endif %}
-{%- endfor %}"""
+# Mistral's newer template shape (Mistral Small 3.2, Magistral); CALL_ID_FORM renders `[CALL_ID]ID` between
+# the name and `[ARGS]` (tokenizer v11).
+ARGS_FORM = MISTRAL_ARGS_TEMPLATE
 CALL_ID_FORM = ARGS_FORM.replace("+ '[ARGS]' +", "+ '[CALL_ID]' + tool_call['id'] + '[ARGS]' +")
 # The JSON-array spelling written without spaces.
 COMPACT_ARRAY_FORM = ARGS_FORM.replace(

@@ -121,6 +121,25 @@ def hf_tokenizer(case: FamilyCase, tokenizer: Tokenizer):
 
 LLAMA3_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                  "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>")
+# The newer Mistral chat template (tokenizer v13, as Mistral Small 3.2 and Magistral publish it): each
+# call is `[TOOL_CALLS]NAME[ARGS]` and its arguments JSON, with no array.
+MISTRAL_ARGS_TEMPLATE = """{{- bos_token }}
+{%- for message in messages %}
+    {%- if message['role'] == 'user' %}
+        {{- '[INST]' + message['content'] + '[/INST]' }}
+    {%- elif message['role'] == 'assistant' %}
+        {%- if message['content'] %}{{- message['content'] }}{%- endif %}
+        {%- for tool_call in message['tool_calls'] or [] %}
+            {%- set arguments = tool_call['function']['arguments'] %}
+            {%- if arguments is not string %}{%- set arguments = arguments|tojson %}{%- endif %}
+            {{- '[TOOL_CALLS]' + tool_call['function']['name'] + '[ARGS]' + arguments }}
+        {%- endfor %}
+        {{- eos_token }}
+    {%- elif message['role'] == 'tool' %}
+        {{- '[TOOL_RESULTS]' + message['content'] + '[/TOOL_RESULTS]' }}
+    {%- endif %}
+{%- endfor %}"""
+
 MISTRAL_TOKENS = ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                   "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]")
 GLM_TOKENS = ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",

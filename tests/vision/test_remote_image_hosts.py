@@ -8,6 +8,7 @@ lets the fetch reach them. No network: local servers and a monkeypatched resolve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import socket
 import threading
@@ -81,6 +82,22 @@ def local():
     server.server_close()
 
 
+@contextlib.contextmanager
+def _public_server(monkeypatch):
+    """An image server on 127.0.0.2 that the fetch takes for a public address, every name resolving to
+    it: the server and the host names resolved."""
+    server = _start("127.0.0.2")
+    resolved = []
+    original = decode_module._is_internal
+    monkeypatch.setattr(decode_module, "_is_internal", lambda ip: ip != "127.0.0.2" and original(ip))
+    monkeypatch.setattr(decode_module, "_resolve", lambda host, port: resolved.append(host) or ["127.0.0.2"])
+    try:
+        yield server, resolved
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def _v6_loopback_listening() -> bool:
     try:
         with socket.socket(socket.AF_INET6) as probe:
@@ -152,32 +169,19 @@ def test_a_public_name_resolving_to_a_private_address_is_refused(monkeypatch, lo
 def test_the_connection_goes_to_the_checked_address_with_the_original_host_header(monkeypatch):
     """The host is resolved once: the connection is made to the address that was checked, never to a
     second resolution of the name; the request still names the URL's host."""
-    server = _start("127.0.0.2")
-    resolved = []
-    original = decode_module._is_internal
-    monkeypatch.setattr(decode_module, "_is_internal", lambda ip: ip != "127.0.0.2" and original(ip))
-    monkeypatch.setattr(decode_module, "_resolve", lambda host, port: resolved.append(host) or ["127.0.0.2"])
-    try:
+    with _public_server(monkeypatch) as (server, resolved):
         port = server.server_address[1]
         (decoded,) = decode_image_urls([f"http://cdn.example.com:{port}/cat.png"], PUBLIC_ONLY)
         assert decoded.image.size == (30, 20)
         assert resolved == ["cdn.example.com"] and server.hosts == [f"cdn.example.com:{port}"]
         assert server.accepted == 1
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_an_internationalized_url_is_sent_as_a_browser_sends_it(monkeypatch):
     """A host name outside ASCII is resolved and named in its IDNA form, and the path's and query's
     spaces and non-ASCII characters are percent-encoded as UTF-8 (urllib sent them raw and the fetch
     failed: "ordinal not in range(256)", "URL can't contain control characters")."""
-    server = _start("127.0.0.2")
-    resolved = []
-    original = decode_module._is_internal
-    monkeypatch.setattr(decode_module, "_is_internal", lambda ip: ip != "127.0.0.2" and original(ip))
-    monkeypatch.setattr(decode_module, "_resolve", lambda host, port: resolved.append(host) or ["127.0.0.2"])
-    try:
+    with _public_server(monkeypatch) as (server, resolved):
         port = server.server_address[1]
         url = f"http://例え.テスト:{port}/images/café photo.png?size=größer"
         (decoded,) = decode_image_urls([url], PUBLIC_ONLY)
@@ -187,9 +191,6 @@ def test_an_internationalized_url_is_sent_as_a_browser_sends_it(monkeypatch):
         with pytest.raises(ImageRejected, match="the image URL's host is not a valid domain name"):
             decode_image_urls([f"http://ä..example:{port}/cat.png"], PUBLIC_ONLY)
         assert server.accepted == 1
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize(("host", "sent"), [("straße.de", "xn--strae-oqa.de"), ("example.com", "example.com")])
@@ -197,20 +198,12 @@ def test_a_host_is_sent_to_the_domain_a_browser_reaches(monkeypatch, host, sent)
     """ß is a letter of its own in a host name (IDNA 2008, UTS #46 non-transitional, as browsers read
     it): straße.de is xn--strae-oqa.de. Python's "idna" codec (IDNA 2003) mapped it to "ss" and the
     image was fetched from strasse.de, another domain. An ASCII host is sent as it is."""
-    server = _start("127.0.0.2")
-    resolved = []
-    original = decode_module._is_internal
-    monkeypatch.setattr(decode_module, "_is_internal", lambda ip: ip != "127.0.0.2" and original(ip))
-    monkeypatch.setattr(decode_module, "_resolve", lambda host, port: resolved.append(host) or ["127.0.0.2"])
-    try:
+    with _public_server(monkeypatch) as (server, resolved):
         port = server.server_address[1]
         (decoded,) = decode_image_urls([f"http://{host}:{port}/straße.png"], PUBLIC_ONLY)
         assert decoded.image.size == (30, 20)
         assert resolved == [sent] and server.hosts == [f"{sent}:{port}"]
         assert server.paths == ["/stra%C3%9Fe.png"]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_redirect_to_an_internal_address_is_refused(monkeypatch, local):

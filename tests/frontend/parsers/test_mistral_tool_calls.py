@@ -30,7 +30,7 @@ from helios.frontend.structured.contract_syntax import output_syntax
 from helios.ignition.frontend.families import BY_NAME
 from helios.ignition.frontend.render import ProbeTemplate
 from helios.server.schemas import ChatCompletionRequest
-from support.family_checkpoints import MISTRAL_TOKENS, TEMPLATES
+from support.family_checkpoints import MISTRAL_ARGS_TEMPLATE, MISTRAL_TOKENS, TEMPLATES
 
 from ..served import ids_of, run_output, served_contract
 from .conftest import small_bpe
@@ -45,24 +45,6 @@ HERMES = OutputSyntax(ReasoningSyntaxKind.NONE, ToolSyntaxKind.JSON_CALLS,
 MISTRAL = OutputSyntax(ReasoningSyntaxKind.NONE, ToolSyntaxKind.JSON_CALLS,
                        tools=JsonCallSyntax("[TOOL_CALLS]", name_key="name", arguments_key="arguments"))
 
-# The newer Mistral chat template (tokenizer v13, as Mistral Small 3.2 and Magistral publish it): each
-# call is `[TOOL_CALLS]NAME[ARGS]` and its arguments JSON, with no array.
-MISTRAL_ARGS_TEMPLATE = """{{- bos_token }}
-{%- for message in messages %}
-    {%- if message['role'] == 'user' %}
-        {{- '[INST]' + message['content'] + '[/INST]' }}
-    {%- elif message['role'] == 'assistant' %}
-        {%- if message['content'] %}{{- message['content'] }}{%- endif %}
-        {%- for tool_call in message['tool_calls'] or [] %}
-            {%- set arguments = tool_call['function']['arguments'] %}
-            {%- if arguments is not string %}{%- set arguments = arguments|tojson %}{%- endif %}
-            {{- '[TOOL_CALLS]' + tool_call['function']['name'] + '[ARGS]' + arguments }}
-        {%- endfor %}
-        {{- eos_token }}
-    {%- elif message['role'] == 'tool' %}
-        {{- '[TOOL_RESULTS]' + message['content'] + '[/TOOL_RESULTS]' }}
-    {%- endif %}
-{%- endfor %}"""
 
 
 @pytest.fixture(scope="module")
