@@ -37,11 +37,11 @@ def cores(tmp_path_factory):
                                                                 token_logprobs=False))
     captured = []
 
-    def recording(*args):
-        captured.extend(capture_all(*args))
+    def recording(*args, **options):
+        captured.extend(capture_all(*args, **options))
         return captured
 
-    def replaying(arch, jobs, page_tokens, workers, on_captured):
+    def replaying(arch, jobs, page_tokens, workers, on_captured, watched=None):
         assert len(jobs) == len(captured)
         for index, program in enumerate(captured):
             on_captured(index, program)

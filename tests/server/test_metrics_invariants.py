@@ -73,6 +73,9 @@ class BrokenEnd:
     def __init__(self, factory):
         self._factory = factory
 
+    def for_choice(self, request_id):  # another choice of the request (`PreparedRequest.for_choice`): broken too
+        return BrokenEnd(self._factory.for_choice(request_id))
+
     def create(self):
         processor = self._factory.create()
 

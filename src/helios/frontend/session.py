@@ -128,6 +128,12 @@ class OutputFactory:
     prompt_scoring: PromptScoring | None = None  # echo, prompt scores, max_tokens 0
     is_constrained: bool = False  # a grammar constrains the output
 
+    def for_choice(self, request_id: str) -> OutputFactory:
+        """This output path for another choice of the request, `request_id`: its tool-call ids are its own."""
+        if self.request is None:
+            return self
+        return replace(self, request=replace(self.request, call_id_prefix=call_id_prefix(request_id)))
+
     def create(self) -> OutputProcessor:
         if self.frontend is None:
             pipeline = OutputPipeline(PlainText())
@@ -173,11 +179,7 @@ class PreparedRequest:
         """Another choice of the same body (``n`` > 1) under `request_id`, with `grammar` (a matcher
         of its own, `FrontendModel.prepare_choice`), without preparing it again: the prompt, images
         and head are shared; its tool-call ids are its own."""
-        output = self.output
-        if output.request is not None:
-            request = replace(output.request, call_id_prefix=call_id_prefix(request_id))
-            output = replace(output, request=request)
-        return replace(self, request_id=request_id, grammar=grammar, output=output)
+        return replace(self, request_id=request_id, grammar=grammar, output=self.output.for_choice(request_id))
 
     def new_stream(self) -> StreamPresenter:
         return StreamPresenter(self.head)
