@@ -14,7 +14,7 @@ import json
 import pytest
 
 from helios.errors import RequestError
-from helios.frontend.structured.grammar import (GrammarCompiler, GrammarError, GrammarKind, GrammarRequest,
+from helios.frontend.structured.grammar import (GrammarCompiler, GrammarError, GrammarRequest,
                                                 parse_response_format, schema_patterns)
 from support.chat_checkpoint import train_tokenizer
 
