@@ -283,3 +283,10 @@ def test_allowing_internal_hosts_without_remote_images_is_a_usage_error(capsys):
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert err.count("\n") == 1 and "--allow-internal-image-hosts" in err and "--allow-remote-images" in err
+
+
+def test_a_lone_surrogate_in_a_url_is_a_named_refusal():
+    """A JSON body's "\\ud800" decodes to a lone surrogate, which has no UTF-8 form: percent-encoding the
+    path raised UnicodeEncodeError (a 500) instead of refusing the image."""
+    with pytest.raises(ImageRejected, match="lone surrogate"):
+        decode_image_urls(["http://cdn.example.com/cat\ud800.png"], PUBLIC_ONLY)

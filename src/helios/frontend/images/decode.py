@@ -238,8 +238,11 @@ def _sent_url(url: str) -> str:
     def encoded(text: str) -> str:
         return _NOT_SENT_RAW.sub(lambda found: urllib.parse.quote(found.group()), text)
 
-    return urllib.parse.urlunsplit((parts.scheme, netloc, encoded(parts.path), encoded(parts.query),
-                                    encoded(parts.fragment)))
+    try:
+        return urllib.parse.urlunsplit((parts.scheme, netloc, encoded(parts.path), encoded(parts.query),
+                                        encoded(parts.fragment)))
+    except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800") has no UTF-8 form to send
+        raise ImageRejected("the image URL holds a lone surrogate, which no URL can send") from None
 
 
 class _HttpRedirectsOnly(urllib.request.HTTPRedirectHandler):
