@@ -23,7 +23,7 @@ import pytest
 
 import helios.embedded
 from helios.core.errors import KeyFileError
-from helios.core.keys import load_signing_key, parse_public_key
+from helios.core.keys import SigningKey, load_signing_key, parse_public_key, write_key_pair
 from helios.embedded import prepared as embedded
 
 
@@ -79,6 +79,31 @@ def test_a_lost_public_key_file_is_written_again_from_the_private_key(cache):
     first.public_key.unlink()
     assert embedded.embedded_core(progress=lambda line: None) == first and len(prepared) == 1
     assert parse_public_key(first.public_key.read_text()) == parse_public_key(trusted)
+
+
+def test_a_damaged_public_key_file_is_written_again_from_the_private_key(cache):
+    """A .pub that does not parse (truncated, edited) failed every start with its KeyFileError."""
+    root, prepared = cache
+    first = embedded.embedded_core(progress=lambda line: None)
+    trusted = first.public_key.read_text()
+    first.public_key.write_text("# Helios Ed25519 public key\nnot a key line\n")
+    assert embedded.embedded_core(progress=lambda line: None) == first and len(prepared) == 1
+    assert parse_public_key(first.public_key.read_text()) == parse_public_key(trusted)
+
+
+def test_a_public_key_file_of_another_key_is_not_trusted_for_a_new_core(cache, tmp_path):
+    """A .pub replaced by another key's (its private key kept): the new core was named by the .pub's
+    key id, signed by the private key and served with the .pub's key, refused at every start."""
+    root, prepared = cache
+    other = tmp_path / "other.key"
+    write_key_pair(other, SigningKey.generate(), [embedded.NAMESPACE])
+    root.mkdir(parents=True)
+    write_key_pair(root / embedded.KEY_NAME, SigningKey.generate(), [embedded.NAMESPACE])
+    (root / (embedded.KEY_NAME + ".pub")).write_text((tmp_path / "other.key.pub").read_text())
+    core = embedded.embedded_core(progress=lambda line: None)
+    assert len(prepared) == 1 and prepared[0][1] == public_key_id(core)  # the signer is the trusted key
+    assert core.path.parent == prepared[0][0]
+    assert embedded.embedded_core(progress=lambda line: None) == core and len(prepared) == 1
 
 
 def test_first_use_progress_is_dropped_with_standard_error_closed(cache, monkeypatch, capsys):

@@ -76,10 +76,16 @@ def embedded_core(progress: Callable[[str], None] | None = None) -> EmbeddedCore
         )
     root = cache_root() / "embedded"
     root.mkdir(parents=True, exist_ok=True)
+    digest = checkpoint_digest(checkpoint)[:16]
     public_key, key_id = _publisher_key(root)
-    target = root / f"{checkpoint_digest(checkpoint)[:16]}-{key_id}-{CORE_GENERATION}"
+    target = root / f"{digest}-{key_id}-{CORE_GENERATION}"
     if not (target / "model.core").is_file():
-        _prepare(checkpoint, target, root / KEY_NAME, progress or _to_stderr)
+        # Preparing reads the private key anyway: the .pub is checked against it first, so a core is
+        # never signed by one key and trusted by another's .pub (a stale or replaced file).
+        public_key, key_id = _publisher_key(root, match_private=True)
+        target = root / f"{digest}-{key_id}-{CORE_GENERATION}"
+        if not (target / "model.core").is_file():
+            _prepare(checkpoint, target, root / KEY_NAME, progress or _to_stderr)
     return EmbeddedCore(target / "model.core", NAMESPACE, public_key)
 
 
@@ -94,10 +100,11 @@ def checkpoint_digest(checkpoint: Path) -> str:
     return digest.hexdigest()
 
 
-def _publisher_key(root: Path) -> tuple[Path, str]:
+def _publisher_key(root: Path, match_private: bool = False) -> tuple[Path, str]:
     """The cache's publisher key, made on first use: its public key file and a short hex key id (the
-    cores it signed are found by it). A public key file lost beside its private key is written again
-    from it; a lost private key makes a new pair.
+    cores it signed are found by it). A public key file lost beside its private key, or one that does
+    not parse, is written again from it; a lost private key makes a new pair. With `match_private`,
+    a .pub of another key than the private key's is written again too.
 
     The key id is read from the .pub; the private key is read only to write a lost .pub (and by
     `_prepare`, to sign), so a cache prepared by another user (its private key mode 0600) is served
@@ -105,6 +112,7 @@ def _publisher_key(root: Path) -> tuple[Path, str]:
     concurrent first runs take turns: a run coming between another's private key and its .pub wrote
     the .pub itself, the other's exclusive create of it then failed and deleted its private key (or
     the first read that private key half written)."""
+    from helios.core.errors import KeyFileError
     from helios.core.keys import PublicKey, SigningKey, load_public_key, load_signing_key, write_key_pair
 
     key = root / KEY_NAME
@@ -113,9 +121,18 @@ def _publisher_key(root: Path) -> tuple[Path, str]:
         if not key.is_file():
             public.unlink(missing_ok=True)  # left behind by a lost private key, it would refuse the new pair
             write_key_pair(key, SigningKey.generate(), [NAMESPACE])
-        if public.is_file():
-            return public, load_public_key(public).key_id.hex()[:16]
+        if public.is_file() and not match_private:
+            try:
+                return public, load_public_key(public).key_id.hex()[:16]
+            except KeyFileError:
+                pass  # a damaged .pub: written again from the private key below
         signing = load_signing_key(key)
+        if public.is_file() and match_private:
+            try:
+                if load_public_key(public).key_id == signing.key_id:
+                    return public, signing.key_id.hex()[:16]
+            except KeyFileError:
+                pass
         scratch = root / f".{KEY_NAME}.pub.{os.getpid()}"
         line = PublicKey(signing.public.raw, frozenset({NAMESPACE})).to_line()
         scratch.write_text(f"# Helios Ed25519 public key, key id {signing.key_id.hex()}\n" + line, encoding="ascii")
