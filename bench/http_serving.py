@@ -9,7 +9,9 @@ count) and serves it twice at once, with the same cache pages:
 - HTTP: `helios serve --device cuda` in a subprocess (its model worker in an engine process, the
   default, or with `--server-modes thread` a thread of the server process); streamed `/v1/completions` requests (token-id
   prompts, ``temperature: 0``, ``stream_options.include_usage``) from `--client-processes` client
-  processes (asyncio + httpx), so that the clients' own parsing is spread over host cores.
+  processes (asyncio + httpx), so that the clients' own parsing is spread over host cores; each
+  client opens one connection per stream before the round's clock starts (a client reusing its
+  connections: a fresh httpx client's first request costs the client itself 25-150 ms).
 
 For each stream count: one warm-up round per side, then `--rounds` rounds, alternating in-process
 and HTTP, each round `streams` requests of `--prompt` prompt tokens and up to `--output` greedy output
@@ -57,10 +59,12 @@ def prompts(count: int, length: int, vocab: int, salt: int) -> list[list[int]]:
 
 @dataclass
 class Side:
-    """One side's rounds: output tokens/s of each measured round."""
+    """One side's rounds: output tokens/s of each measured round, and each round's median time from
+    the round's start to a request's first output token (`first_token_ms`)."""
 
     rates: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    first_token_ms: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float:
@@ -87,20 +91,24 @@ class InProcess:
         self._count = 0
         log(f"in-process runtime loaded in {time.perf_counter() - started:.0f} s")
 
-    def round(self, batch: list[list[int]], output: int) -> tuple[int, float]:
-        """Runs `batch` to its end; (output tokens, seconds from the first submission to the last end)."""
+    def round(self, batch: list[list[int]], output: int) -> tuple[int, float, float]:
+        """Runs `batch` to its end; (output tokens, seconds from the first submission to the last end,
+        median seconds from the first submission to a request's first token)."""
         from helios.runtime.engine import EngineRequest
         from helios.runtime.records.events import FinishEvent, TokenEvent
         from helios.runtime.records.request import RequestSpec
 
         lock, done = threading.Lock(), threading.Semaphore(0)
         counts = [0]
-        failures = []
+        failures, firsts, seen = [], [], set()
 
         def on_event(event) -> None:
             if isinstance(event, TokenEvent):
                 with lock:
                     counts[0] += len(event.token_ids)
+                    if event.request_id not in seen:
+                        seen.add(event.request_id)
+                        firsts.append(time.perf_counter() - started)
             elif isinstance(event, FinishEvent):
                 if event.reason.name not in ("EOS", "LENGTH"):
                     failures.append(f"{event.reason.name}: {event.message}")
@@ -116,7 +124,7 @@ class InProcess:
         elapsed = time.perf_counter() - started
         if failures:
             raise RuntimeError(f"in-process requests failed: {failures[:3]}")
-        return counts[0], elapsed
+        return counts[0], elapsed, statistics.median(firsts)
 
     def close(self) -> None:
         self.runtime.close()
@@ -171,8 +179,9 @@ class Server:
 
 
 def http_round(pool: ProcessPoolExecutor, server: Server, batch: list[list[int]], output: int,
-               num_clients: int) -> tuple[int, float]:
-    """Streams `batch` through the server from the client processes, all starting at one instant."""
+               num_clients: int) -> tuple[int, float, float]:
+    """Streams `batch` through the server from the client processes, all starting at one instant;
+    (output tokens, seconds to the last stream's end, median seconds to a stream's first token)."""
     shares = [batch[k::num_clients] for k in range(num_clients)]
     start_at = time.monotonic() + 0.5  # every client process is ready and waiting by then
     futures = [pool.submit(client_streams, server.url, server.model, share, output, start_at)
@@ -183,12 +192,12 @@ def http_round(pool: ProcessPoolExecutor, server: Server, batch: list[list[int]]
     errors = [e for r in results for e in r[2]]
     if errors:
         raise RuntimeError(f"HTTP requests failed: {errors[:3]}")
-    return tokens, ended - start_at
+    return tokens, ended - start_at, statistics.median(first - start_at for r in results for first in r[3])
 
 
 def client_streams(url: str, model: str, batch: list[list[int]], output: int, start_at: float):
     """In a client process: streams every prompt of `batch` at once from `start_at` (monotonic);
-    (output tokens, monotonic end of the last stream, errors)."""
+    (output tokens, monotonic end of the last stream, errors, each stream's monotonic first token)."""
     return asyncio.run(_client_streams(url, model, batch, output, start_at))
 
 
@@ -197,26 +206,34 @@ async def _client_streams(url: str, model: str, batch, output: int, start_at: fl
 
     limits = httpx.Limits(max_connections=len(batch), max_keepalive_connections=len(batch))
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        # One kept-alive connection per stream before the clock starts, as a client that reuses its
+        # connections has: a new httpx client's first request costs it 25-150 ms of its own (this
+        # machine), which the in-process side does not pay.
+        await asyncio.gather(*(client.get("/health") for _ in batch))
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         results = await asyncio.gather(*(_one_stream(client, model, prompt, output) for prompt in batch))
     errors = [r for r in results if isinstance(r, str)]
-    return sum(r for r in results if isinstance(r, int)), time.monotonic(), errors
+    counted = [r for r in results if not isinstance(r, str)]
+    return sum(r[0] for r in counted), time.monotonic(), errors, [r[1] for r in counted]
 
 
-async def _one_stream(client, model: str, prompt: list[int], output: int) -> int | str:
+async def _one_stream(client, model: str, prompt: list[int], output: int) -> tuple[int, float] | str:
+    """(output tokens, monotonic time of the first chunk with text) or an error line."""
     body = {"model": model, "prompt": prompt, "max_tokens": output, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
-    last = None
+    last = first = None
     async with client.stream("POST", "/v1/completions", json=body) as response:
         if response.status_code != 200:
             return f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
                 last = line
+                if first is None and '"text"' in line:
+                    first = time.monotonic()
     if last is None:
         return "no data"
     usage = json.loads(last[6:]).get("usage")
-    return usage["completion_tokens"] if usage else "no usage chunk"
+    return (usage["completion_tokens"], first if first is not None else time.monotonic()) if usage else "no usage chunk"
 
 
 def _warm_client(_: int) -> int:
@@ -267,17 +284,23 @@ def run_levels(args, levels, local: InProcess, server: Server, pool, vocab: int,
                    args.client_processes)
         for r in range(args.rounds):
             batch = prompts(level, args.prompt, vocab, salt=10 * level + r)  # the same for both sides
-            tokens, seconds = local.round(batch, args.output)
+            tokens, seconds, first = local.round(batch, args.output)
             ours.rates.append(tokens / seconds)
             ours.tokens.append(tokens)
-            tokens, seconds = http_round(pool, server, prompts(level, args.prompt, vocab, salt=5000 + 10 * level + r),
-                                         args.output, args.client_processes)
+            ours.first_token_ms.append(first * 1e3)
+            tokens, seconds, first = http_round(pool, server, prompts(level, args.prompt, vocab,
+                                                                      salt=5000 + 10 * level + r),
+                                                args.output, args.client_processes)
             http.rates.append(tokens / seconds)
             http.tokens.append(tokens)
+            http.first_token_ms.append(first * 1e3)
+        ours_first, http_first = statistics.median(ours.first_token_ms), statistics.median(http.first_token_ms)
         rows[level] = {"in_process": ours.__dict__, "http": http.__dict__, "in_process_tok_s": ours.median,
-                       "http_tok_s": http.median, "ratio": http.median / ours.median}
+                       "http_tok_s": http.median, "ratio": http.median / ours.median,
+                       "in_process_first_token_ms": ours_first, "http_first_token_ms": http_first}
         log(f"{level} streams, engine {mode}: in-process {ours.median:.1f} tok/s, HTTP {http.median:.1f} tok/s, "
-            f"HTTP/in-process {http.median / ours.median:.3f}")
+            f"HTTP/in-process {http.median / ours.median:.3f}; first token (median) in-process {ours_first:.1f} ms, "
+            f"HTTP {http_first:.1f} ms")
     return rows
 
 
@@ -329,12 +352,13 @@ def main() -> None:
                     "server_flags": list(args.server_flag),
                     "output": args.output, "torch": torch.__version__})
     log("")
-    log(f"| model worker | streams | in-process tok/s | HTTP tok/s | HTTP / in-process |  ({args.prompt} prompt / "
-        f"{args.output} output tokens, greedy, median of {args.rounds} rounds)")
-    log("|---|---|---|---|---|")
+    log(f"| model worker | streams | in-process tok/s | HTTP tok/s | HTTP / in-process | first token in-process / HTTP "
+        f"(ms) |  ({args.prompt} prompt / {args.output} output tokens, greedy, median of {args.rounds} rounds)")
+    log("|---|---|---|---|---|---|")
     for mode, result in results["modes"].items():
         for level, row in result["levels"].items():
-            log(f"| {mode} | {level} | {row['in_process_tok_s']:.1f} | {row['http_tok_s']:.1f} | {row['ratio']:.3f}x |")
+            log(f"| {mode} | {level} | {row['in_process_tok_s']:.1f} | {row['http_tok_s']:.1f} | {row['ratio']:.3f}x "
+                f"| {row['in_process_first_token_ms']:.1f} / {row['http_first_token_ms']:.1f} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
