@@ -17,8 +17,9 @@ the reference is transformers' rendering of the same conversation:
   text for DeepSeek's string concatenation, an object elsewhere);
 - tools are rendered unless tool_choice is ``"none"`` or the list is empty (the documented policy);
   developer messages render as system messages where the core declares no developer role;
-- ``reasoning_effort`` is the template's ``reasoning_effort`` argument (gpt-oss reads it), and
-  ``enable_thinking`` where the template reads that switch;
+- ``reasoning_effort`` is the template's ``reasoning_effort`` argument (gpt-oss reads it, and grades
+  only low, medium and high: another effort is refused), and ``enable_thinking`` (or DeepSeek-V3.1's
+  ``thinking``) where the template reads that switch;
 - client text holding the template's control markers renders to the same text, and its markers are
   encoded as text (transformers' ``sanitize_control_tokens``): no client marker becomes a control
   token. Where only the merges at a marker's edges differ, the control tokens and the decoded text
@@ -38,10 +39,10 @@ import pytest
 from transformers.utils import chat_template_utils
 
 from helios.errors import RequestError
-from helios.frontend.preparation.client_fields import ReasoningEffortConflict
+from helios.frontend.preparation.client_fields import GRADED_EFFORTS, ReasoningEffortConflict, UngradedReasoningEffort
 from helios.frontend.preparation.control_markers import is_marker
 from helios.frontend.preparation.messages import MessageError, Role
-from helios.frontend.preparation.prompt import PromptBuilder, PromptRules
+from helios.frontend.preparation.prompt import PromptBuilder, PromptRules, ReasoningState
 from helios.frontend.preparation.template import ChatTemplate
 from helios.frontend.session import FrontendModel
 from helios.runtime.loading.model import resource_of_kind
@@ -239,7 +240,7 @@ def draw_request(case: FamilyCase, seed: int, markers: bool = False) -> dict:
         kwargs["thinking"] = r.random() < 0.5
     if kwargs or r.random() < 0.1:
         body["chat_template_kwargs"] = kwargs
-    if r.random() < 0.15 and "enable_thinking" not in kwargs:
+    if r.random() < 0.15 and not kwargs.keys() & {"enable_thinking", "thinking"}:
         body["reasoning_effort"] = r.choice(("none", "low", "high"))
     return body
 
@@ -286,9 +287,13 @@ def reference(case: FamilyCase, hf, body: dict, developer_as_system: bool) -> tu
     control, marked = chat_template_utils._get_control_token_patterns(control_tokens(hf))
     kwargs = dict(body.get("chat_template_kwargs") or {})
     if (effort := body.get("reasoning_effort")) is not None:  # the template's own argument, and its switch
+        if "Reasoning: " in hf.chat_template and effort not in GRADED_EFFORTS:
+            raise ValueError(f"gpt-oss grades no effort {effort!r}")  # as OpenAI refuses an unsupported effort
         kwargs["reasoning_effort"] = effort
         if "enable_thinking" in hf.chat_template:
             kwargs["enable_thinking"] = effort != "none"
+        elif "thinking is defined" in hf.chat_template:  # DeepSeek-V3.1's switch
+            kwargs["thinking"] = effort != "none"
     messages, tools, kwargs = chat_template_utils.mark_control_tokens([messages, tools, kwargs], control)
     rendered, _ = chat_template_utils.render_jinja_template(
         conversations=[messages], tools=tools, chat_template=hf.chat_template, add_generation_prompt=True,
@@ -332,7 +337,8 @@ def check_request(family, body: dict) -> None:
     where = json.dumps(body, ensure_ascii=False)
     if failure is not None:
         assert refusal is not None, f"the reference raised {failure!r}; Helios rendered a prompt for {where}"
-        assert str(refusal) and refusal.param in ("messages", "tools", "chat_template_kwargs"), (refusal, where)
+        assert str(refusal) and refusal.param in ("messages", "tools", "chat_template_kwargs", "reasoning_effort"), (
+            refusal, where)
         return
     assert refusal is None, f"Helios refused ({refusal}) what the reference renders: {where}"
     if served_ids == expected_ids:
@@ -380,7 +386,8 @@ def test_the_tool_result_name_reaches_the_template(qwen_tokenizer):
 
 def test_reasoning_effort_reaches_a_template_that_grades_it(family):
     """gpt-oss's template reads `reasoning_effort` (``Reasoning: high``), not `enable_thinking`: the
-    request's effort is its argument, as transformers passes it; the others render as before."""
+    request's effort is its argument, as transformers passes it, where it is one of the grades the
+    template knows (an unsupported effort is a 400, as OpenAI's); the others render as before."""
     case, frontend, _ = family
     body = {"model": case.name, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
             "reasoning_effort": "high"}
@@ -391,6 +398,43 @@ def test_reasoning_effort_reaches_a_template_that_grades_it(family):
     refusal = prompt_of(frontend, conflicting)[1]
     if case.name == "harmony":
         assert isinstance(refusal, ReasoningEffortConflict) and refusal.param == "reasoning_effort", refusal
+    for effort in ("none", "minimal", "xhigh", "max"):  # "Reasoning: max" was rendered, a prompt gpt-oss never saw
+        ungraded = {**body, "reasoning_effort": effort}
+        check_request(family, ungraded)
+        refusal = prompt_of(frontend, ungraded)[1]
+        if case.name == "harmony":
+            assert isinstance(refusal, UngradedReasoningEffort) and refusal.param == "reasoning_effort", refusal
+            assert "low, medium or high" in str(refusal)
+        else:
+            assert refusal is None, refusal
+
+
+# Families whose template switches its think tags: Qwen3's and GLM's `enable_thinking`, DeepSeek-V3.1's `thinking`.
+THINKING_SWITCHES = {"hermes": "enable_thinking", "glm-4.5": "enable_thinking", "deepseek-v3.1": "thinking"}
+
+
+def test_reasoning_effort_sets_the_family_s_thinking_switch(family):
+    """``none`` closes reasoning in the generation prompt of every family whose template switches
+    it, any other effort leaves it to the model, whatever the switch's name (DeepSeek-V3.1's effort
+    reached no template argument: it answered without reasoning); the prompts are the reference's."""
+    case, frontend, _ = family
+    states = {}
+    for effort in ("none", "high"):
+        body = {"model": case.name, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
+                "reasoning_effort": effort}
+        check_request(family, body)  # the reference's prompt, or its refusal (gpt-oss grades no "none")
+        if prompt_of(frontend, body)[1] is None:
+            request = ChatCompletionRequest.model_validate(body)
+            states[effort] = frontend.prepare_chat(request, request_id="e").prompt.reasoning_state
+    if case.name == "harmony":  # graded, not switched: test_reasoning_effort_reaches_a_template_that_grades_it
+        assert list(states) == ["high"], states
+    elif case.name in THINKING_SWITCHES:
+        assert states["none"] is ReasoningState.CLOSED and states["high"] is not ReasoningState.CLOSED, states
+        conflicting = {**body, "chat_template_kwargs": {THINKING_SWITCHES[case.name]: False}}
+        refusal = prompt_of(frontend, conflicting)[1]
+        assert isinstance(refusal, ReasoningEffortConflict) and refusal.param == "reasoning_effort", refusal
+    else:
+        assert states["none"] is states["high"]
 
 
 # gpt-oss's published template reads an assistant's reasoning as `thinking` (transformers aliases it).
