@@ -53,3 +53,65 @@ def test_generate_refuses_prompts_that_are_not_utf8(tokenizer):
     args = Namespace(prompts=["caf\udce9"], prompt_ids=None, chat=False)  # b"caf\xe9" through surrogateescape
     with pytest.raises(UsageError, match="not valid UTF-8"):
         _prompt_ids(args, tokenizer, "", {})
+
+
+def _tiny(vocab: list[str], **model) -> Tokenizer:
+    """A BPE tokenizer over `vocab` (each longer token merged from its first character and the rest,
+    where both are tokens)."""
+    from tokenizers.models import BPE
+
+    merges = [(token[0], token[1:]) for token in vocab if token[0] in vocab and token[1:] in vocab]
+    return Tokenizer(BPE({token: i for i, token in enumerate(vocab)}, merges, **model))
+
+
+def _fits(tokenizer: Tokenizer, text: str, context_tokens: int) -> bool:
+    return len(tokenizer.encode(text, add_special_tokens=False).ids) <= context_tokens
+
+
+def test_a_composing_normalizer_is_allowed_for():
+    """NFC composes up to four code points into one (U + diaeresis + macron is one Ǖ): text of more
+    code points than the context's tokens can spell still fits, and is not refused."""
+    from tokenizers import normalizers
+
+    tokenizer = _tiny(["Ǖ", "ǕǕ"])
+    tokenizer.normalizer = normalizers.NFC()
+    text = "U\u0308\u0304" * 10  # 30 code points, 10 characters once composed: 5 tokens
+    assert _fits(tokenizer, text, 10)
+    TextBounds.from_tokenizer(tokenizer, 10).check([text])
+    with pytest.raises(PromptTooLong):  # still a bound: 4 code points a character, 2 characters a token
+        TextBounds.from_tokenizer(tokenizer, 10).check(["U\u0308\u0304" * 27])
+
+
+def test_white_space_an_added_token_strips_is_not_counted():
+    """An added token with rstrip or lstrip (Phi-3's chat markers) takes any white space beside it
+    into its one token, so white space cannot count toward the bound; other text still does."""
+    from tokenizers import AddedToken
+
+    tokenizer = _tiny(["a", "b"])
+    tokenizer.add_special_tokens([AddedToken("<|user|>", rstrip=True, normalized=False)])
+    text = "<|user|>" + " \n" * 100 + "a"  # 2 tokens
+    assert _fits(tokenizer, text, 10)
+    bounds = TextBounds.from_tokenizer(tokenizer, 10)
+    bounds.check([text, "\t" * 500])
+    with pytest.raises(PromptTooLong):
+        bounds.check(["ab" * 41])
+
+
+@pytest.mark.parametrize("component", ["replace", "strip_accents", "fused_unk"])
+def test_no_bound_where_the_tokenizer_can_drop_any_text(component):
+    """A normalizer that can replace text with nothing, or a model that reads any run of unknown
+    characters as one token, makes any length of text fit: there is no bound before tokenizing."""
+    from tokenizers import normalizers
+
+    if component == "fused_unk":
+        tokenizer, text = _tiny(["<unk>", "a"], unk_token="<unk>", fuse_unk=True), "a" + "\x00" * 2000
+    else:
+        tokenizer, text = _tiny(["a"]), "a" + "\u0301" * 2000
+        tokenizer.normalizer = (normalizers.Replace("\u0301", "") if component == "replace"
+                                else normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents()]))
+    assert _fits(tokenizer, text, 10)
+    bounds = TextBounds.from_tokenizer(tokenizer, 10)
+    assert bounds.max_text_chars is None
+    bounds.check([text])
+    with pytest.raises(TextNotUnicode):
+        bounds.check(["\ud800"])
