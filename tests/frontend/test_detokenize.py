@@ -113,3 +113,22 @@ def test_windows_stay_short_across_skipped_special_tokens(qwen_tokenizer):
     detok = IncrementalDetokenizer(decoder, skip_special_tokens=True)
     assert "".join(_stream(detok, ids)) == "ab"
     assert max(decoder.window_lens) <= 3
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+@pytest.mark.parametrize("decoder", ["llama-2", "metaspace"])
+def test_context_ending_in_byte_tokens_is_not_read_again_with_the_output(decoder, skip_special_tokens):
+    """A text completion's prompt ending in a character its byte-fallback tokens spell ("café":
+    ``<0xC3><0xA9>``) is context; an output starting with a stray byte (``<0x80>``) joined that run,
+    whose whole group then reads U+FFFD per byte, and the output showed the prompt's character as one
+    more U+FFFD ("�� world" for "� world"). The output reads as it does after the context's text,
+    its byte run its own."""
+    from .test_logprob_offsets_spm import DECODERS, sentencepiece_like
+
+    tokenizer = sentencepiece_like(DECODERS[decoder])
+    context = tokenizer.encode("Hello café", add_special_tokens=True).ids
+    assert tokenizer.id_to_token(context[-1]) == "<0xA9>"
+    for text, ids in (("\ufffd world", [tokenizer.token_to_id("<0x80>")] + tokenizer.encode(" world").ids),
+                      (" é world", tokenizer.encode(" é world").ids), (" world", tokenizer.encode(" world").ids)):
+        detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens, context_ids=context)
+        assert "".join(_stream(detokenizer, ids)) == text

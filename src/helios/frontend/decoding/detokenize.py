@@ -15,8 +15,9 @@ another id that adds no text (a SentencePiece ``▁`` first in the text) stays p
 start after context ids (a text completion's prompt, its last `CONTEXT_IDS`), already read: the
 first output token then decodes as it does after them, so a SentencePiece ``▁`` word keeps the
 leading space it has in the text rather than losing it as the first token of a sequence (context
-ending inside a character is not used). Invariants: a delta never ends inside a UTF-8 character,
-emitted text is never emitted again, and the concatenation of every delta and `finish()` equals
+ending inside a character is not used, nor a run of byte-fallback tokens it ends in where the output
+starts with a byte token, which would join that run). Invariants: a delta never ends inside a UTF-8
+character, emitted text is never emitted again, and the concatenation of every delta and `finish()` equals
 ``tokenizer.decode(all_ids, skip_special_tokens=...)`` (with context: what decoding the context and
 all ids adds to the context's text).
 
@@ -81,6 +82,8 @@ class IncrementalDetokenizer:
                  holds_byte_runs: bool = True):
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
+        self._skipped_specials: dict[int, bool] = {}
+        self._is_byte_fallback = holds_byte_runs and _reads_byte_groups(tokenizer)
         # the context, then the ids that produce text (ids that decode to nothing are dropped)
         self._ids: list[int] = self._usable_context(context_ids)
         self._num_tokens = 0
@@ -96,12 +99,11 @@ class IncrementalDetokenizer:
         self._live_start = self._prefix_offset
         self._live_text = ""
         self._next_settle = 0  # ids in the live window at the next settling try
-        self._is_byte_fallback = holds_byte_runs and _reads_byte_groups(tokenizer)
         self._in_byte_run = False  # byte fallback: the last id that is not a skipped special is a byte token
         self._run_check = codecs.getincrementaldecoder("utf-8")()  # the open run's bytes, strictly
         self._is_run_valid = True  # no UTF-8 error in the open run's bytes so far
         self._is_text_stale = False  # ids fed since the pending text was last decoded (a valid open run)
-        self._skipped_specials: dict[int, bool] = {}
+        self._context_run = self._ending_byte_run(self._ids)  # the context's last ids that a first byte joins
         self._probe_ids: tuple[int, ...] | None = None  # `ends_in_stray_byte`'s byte tokens, found on first use
 
     def _usable_context(self, context_ids: Sequence[int]) -> list[int]:
@@ -204,6 +206,8 @@ class IncrementalDetokenizer:
             raise ValueError("feed after finish")
         self._num_tokens += 1
         self._ids.append(token_id)
+        if self._context_run and not self._is_skipped_special(token_id):
+            self._start_after_context_run(token_id)
         holds_run = self._holds_byte_run(token_id)
         if holds_run:  # its text waits for the token that ends it, valid or not: not decoded now
             self._is_text_stale = True
@@ -228,6 +232,38 @@ class IncrementalDetokenizer:
             return ""
         self._emitted()
         return new_text[len(prefix_text) :]
+
+    def _ending_byte_run(self, context: list[int]) -> int:
+        """Byte fallback: how many of the context's last ids are a run of byte tokens (skipped special
+        tokens among and after them included, which do not end a run); 0 where it ends in no byte."""
+        if not self._is_byte_fallback:
+            return 0
+        count, last_byte = 0, 0
+        for token_id in reversed(context):
+            if _byte_of(self._tokenizer, token_id) is not None:
+                count = last_byte = count + 1
+            elif self._is_skipped_special(token_id):
+                count += 1
+            else:
+                break
+        return last_byte
+
+    def _start_after_context_run(self, token_id: int) -> None:
+        """The first output id that a skipping does not remove, after a context ending in a run of
+        byte tokens: a byte token would join that run, and a stray one would turn the run's characters
+        into U+FFFD per byte (the output then showed the prompt's "é" as one more U+FFFD). The run is
+        then left out of the context (all of it where what is left holds no text), so the output's
+        bytes read as a group of their own, as the output decoded alone reads them."""
+        run, self._context_run = self._context_run, 0
+        if _byte_of(self._tokenizer, token_id) is None:
+            return
+        context = self._ids[: self._read_offset - run]
+        if not self._tokenizer.decode(context, skip_special_tokens=True):
+            context = []
+        self._ids = context + self._ids[self._read_offset :]
+        self._prefix_offset = self._live_start = 0
+        self._read_offset = len(context)
+        self._prefix_text = None
 
     def _holds_byte_run(self, token_id: int) -> bool:
         """Byte fallback: whether `token_id` leaves a run of byte tokens open (its text pending)."""
