@@ -223,3 +223,28 @@ def test_a_logit_bias_on_a_core_whose_programs_take_none_is_rejected(engine):
     finishes = {e.request_id: e for b in batches for e in b.events if isinstance(e, FinishEvent)}
     assert finishes["biased"].reason is FinishReason.REJECTED and "no logit bias" in finishes["biased"].message
     assert finishes["plain"].reason is FinishReason.LENGTH
+
+
+def test_a_rejected_duplicate_id_leaves_the_running_namesakes_count_alone(engine):
+    """A duplicate of a running sink request's id, submitted after its fourth token: the duplicate
+    is rejected, and the frontend's later stop after token 2 still counts 2 tokens. The rejection
+    counted the namesake's tokens so far (its count kept for its end) and every later one at once,
+    so `generated_tokens` held tokens generated past the stop."""
+    batches: list[StepBatch] = []
+
+    def sink(batch: StepBatch) -> None:
+        batches.append(batch)
+        seen = tokens_of([e for b in batches for e in b.events], "s")
+        if len(seen) == 4 and not engine.stats.requests_rejected:
+            engine.submit(request("s", 5))
+        if len(seen) == 6:
+            engine.stop_matched("s", 2)
+
+    engine.connect(sink)
+    engine.submit(request("s", 10, stop_strings=("zz",)))
+    engine.run_until_idle()
+    finishes = [e for b in batches for e in b.events if isinstance(e, FinishEvent)]
+    assert [f.reason for f in finishes] == [FinishReason.REJECTED, FinishReason.STOP]
+    assert finishes[1].num_output_tokens == 2
+    assert engine.stats.generated_tokens == 2
+    assert engine.stats.requests_rejected == 1 and engine.stats.requests_finished["stop"] == 1

@@ -65,7 +65,13 @@ from helios.runtime.records.events import (FinishEvent, FinishReason, PromptScor
                                           rejected)
 
 
-__all__ = ["Engine", "EngineRequest", "GrammarState"]
+__all__ = ["Engine", "EngineRequest", "EngineStateError", "GrammarState"]
+
+
+class EngineStateError(ExecutionError):
+    """The engine cannot do what was asked in the state it is in: `start` of an engine already
+    started or shut down (an engine is started at most once; a shut-down engine serves no more), or
+    `run_until_idle` of a started one (its worker owns the scheduler)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,14 @@ class Engine:
         self.outbox.sink = sink
 
     def start(self) -> None:
+        """Starts the worker thread, once. A second worker would drive the same scheduler beside
+        the first (and outlive `shutdown`, which stops one), and one started after `shutdown` would
+        serve an engine whose requests all ended and whose submissions end at once."""
+        if self._is_closed:
+            raise EngineStateError(f"the engine was shut down{'' if self.stats.healthy else ' (its worker failed)'}: "
+                                   "it cannot be started again (build another)")
+        if self._thread is not None:
+            raise EngineStateError("the engine was started already")
         self._running = True
         self._thread = threading.Thread(target=self._loop, name="helios-model-worker", daemon=True)
         self._thread.start()
@@ -183,6 +197,10 @@ class Engine:
 
     def _command(self, command: Command) -> None:
         with self._wake:
+            # Closed: every request has ended and no worker would take it (a server whose worker
+            # failed goes on refusing requests, and may cancel each one it refused).
+            if self._is_closed:
+                return
             self._commands.append(command)
             self._wake.notify()
 
@@ -246,7 +264,15 @@ class Engine:
 
         However many rounds the work takes, it runs to its end (an offline batch of a million rounds
         is no hang); `ExecutionError` only after `max_stalled_steps` steps in a row launched and
-        completed nothing while work remained (nothing else moves a synchronous engine on)."""
+        completed nothing while work remained (nothing else moves a synchronous engine on).
+
+        An engine shut down (or failed) has ended every request it knew, and ends later ones at
+        once: it returns at once (a plan an interrupt left in the scheduler's flight is work no
+        step would ever complete). A started engine's worker owns its scheduler: `EngineStateError`."""
+        if self._is_closed:
+            return
+        if self._thread is not None:
+            raise EngineStateError("run_until_idle drives an engine never started (its worker serves this one)")
         stalled = 0
         while stalled < max_stalled_steps:
             if self._ingress:
@@ -297,11 +323,11 @@ class Engine:
             self.scheduler.submit(spec)
         except AdmissionRejected as error:
             self.stats.requests_rejected += 1
-            self.outbox.end(request.on_event, rejected(spec.request_id, len(spec.prompt_ids), str(error)))
+            self.outbox.end_unadmitted(request.on_event, rejected(spec.request_id, len(spec.prompt_ids), str(error)))
             return
         except Exception as error:  # noqa: BLE001 - a malformed request fails alone (nothing was queued)
             self.stats.requests_finished["error"] += 1
-            self.outbox.end(request.on_event, _ended(request, FinishReason.ERROR, _request_failure(error)))
+            self.outbox.end_unadmitted(request.on_event, _ended(request, FinishReason.ERROR, _request_failure(error)))
             return
         self._active[spec.request_id] = request
         self.feedback.register(spec.request_id, request.grammar, request.host_stop)
@@ -317,7 +343,7 @@ class Engine:
                 self._ingress.remove(request)
         for request in waiting:  # never admitted, counted as finished (as a request failing admission is)
             self.stats.requests_finished["cancelled"] += 1
-            self.outbox.end(request.on_event, _ended(request, FinishReason.CANCELLED, ""))
+            self.outbox.end_unadmitted(request.on_event, _ended(request, FinishReason.CANCELLED, ""))
         self._dispatch(self.scheduler.cancel(request_id))
 
     def step(self) -> bool:
@@ -341,11 +367,11 @@ class Engine:
     def _launch(self, plan) -> None:
         """Launches `plan` (with one frame `alone`: finished before the next launch) after adding
         its grammar masks; a failure fails the plan at once. A request whose grammar met a dead
-        end or a limit at its mask ends then (GRAMMAR_DEAD_END, `_end_at_limit`): its row runs, its
-        token is dropped."""
+        end or a limit at its mask, or raised there, ends then (GRAMMAR_DEAD_END, `_end_at_limit`,
+        ERROR): its row runs, its token is dropped."""
         try:
             plan = plan.with_masks(self.feedback.fill_masks(plan.rows))
-            dead_ends, limits = self.feedback.dead_ends, self.feedback.limits
+            dead_ends, limits, failures = self.feedback.dead_ends, self.feedback.limits, self.feedback.failures
             launched = self.executor.launch(plan, alone=self.frames == 1)
         except Exception as error:  # noqa: BLE001 - failed like a failed completion
             self._fail(plan, error)
@@ -359,6 +385,10 @@ class Engine:
             request = self._active.get(request_id)
             if request is not None:
                 self._end_at_limit(request, reason)
+        for request_id, error in failures.items():
+            request = self._active.get(request_id)
+            if request is not None:
+                self._fail_request(request, error)
 
     def _fail(self, plan, error: Exception) -> None:
         message = str(error) if isinstance(error, ExecutionError) else f"execution failed: {type(error).__name__}: {error}"

@@ -94,6 +94,12 @@ class Outbox:
         if event.reason is FinishReason.STOP:
             uncounted = min(uncounted, event.num_output_tokens)
         self._stats.generated_tokens += uncounted
+        self.end_unadmitted(on_event, event)
+
+    def end_unadmitted(self, on_event: OnEvent | None, event: FinishEvent) -> None:
+        """The terminal event of a request never admitted (rejected, failed at admission, cancelled
+        in the ingress channel), delivered as `end` delivers it, counting nothing: a running request
+        of the same id (whose duplicate is rejected) keeps its tokens to count at its own end."""
         if on_event is None:
             self._outgoing.append(event)
             return
