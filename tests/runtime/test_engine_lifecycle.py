@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helios.contract.views import TARGET_LOGPROB_OUTPUTS
-from helios.runtime.engine import Engine, EngineRequest
+from helios.runtime.engine import Engine, EngineRequest, EngineStateError
 from helios.runtime.execution.step_output import StepOutput
 from helios.runtime.outlet import StepBatch
 from helios.runtime.records.capacities import Operation
@@ -139,6 +139,80 @@ def test_an_interrupt_mid_round_then_shutdown_ends_every_request_once():
     assert record.reasons()["late"] == [FinishReason.CANCELLED]
 
 
+def test_run_until_idle_after_an_interrupted_round_and_shutdown_returns_at_once():
+    """The interrupted plan stays in the scheduler's flight (work no step completes): driving the
+    shut-down engine again spun 10,000 empty rounds, then raised that it did not go idle. It returns
+    at once, and a later offline batch ends CANCELLED instead."""
+    from helios.runtime.offline import generate
+
+    engine, executor = engine_of()
+    record = Recorder()
+    submit_all(engine, record)
+
+    def interrupt(plan):
+        if plan.sequence == 1:
+            raise KeyboardInterrupt
+
+    executor.on_finish = interrupt
+    with pytest.raises(KeyboardInterrupt):
+        engine.run_until_idle()
+    engine.shutdown()
+    assert engine.scheduler.has_work  # the interrupted plan's flight
+    rounds = engine.progress
+    engine.run_until_idle()
+    assert engine.progress == rounds
+    assert [g.finish_reason for g in generate(engine, [(1, 2, 3)], 4)] == [FinishReason.CANCELLED]
+    assert engine.progress == rounds
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_start_after_shutdown_is_refused_and_starts_no_worker(started):
+    """A worker started after shutdown served an engine closed for good (and spun on a plan an
+    interrupt left in flight); a second `start` ran two workers on one scheduler, and `shutdown`
+    stopped one of them."""
+    engine, _ = engine_of()
+    if started:
+        engine.start()
+    engine.shutdown()
+    with pytest.raises(EngineStateError, match="shut down"):
+        engine.start()
+    assert engine._thread is None or not engine._thread.is_alive()
+    record = Recorder()
+    engine.submit(EngineRequest(spec("late", (1, 2, 3), 4), record))
+    assert record.reasons() == {"late": [FinishReason.CANCELLED]}
+
+
+def test_a_second_start_or_synchronous_driving_of_a_started_engine_is_refused():
+    engine, _ = engine_of()
+    engine.start()
+    worker = engine._thread
+    try:
+        with pytest.raises(EngineStateError, match="started already"):
+            engine.start()
+        with pytest.raises(EngineStateError, match="never started"):
+            engine.run_until_idle()
+        assert engine._thread is worker
+    finally:
+        engine.shutdown()
+    assert not worker.is_alive()
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_commands_after_shutdown_are_not_kept(started):
+    """Every request ended at shutdown (or at a failed worker's end, while the server goes on
+    refusing requests and cancelling them): a cancel or stop aimed at one was queued for a worker
+    that never takes it, one record per refused request, for the server's lifetime."""
+    engine, _ = engine_of()
+    if started:
+        engine.start()
+    engine.shutdown()
+    for index in range(100):
+        engine.cancel(f"r{index}")
+        engine.stop_matched(f"r{index}", 1)
+    assert not engine._commands
+    engine.run_until_idle()
+
+
 def test_shutdown_twice_and_after_the_work_ended_changes_nothing():
     engine, _ = engine_of()
     record = Recorder()
@@ -196,6 +270,46 @@ def test_a_plan_that_fails_at_launch_ends_its_requests_and_the_rest_go_on():
     assert_all_released(engine.scheduler)
 
 
+class FaultyGrammar:
+    """A matcher allowing every token whose `fill_bitmask` raises at its `fail_at`-th mask (None: never)."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.num_fills, self.fail_at = 0, fail_at
+
+    def fill_bitmask(self, row) -> None:
+        self.num_fills += 1
+        if self.num_fills == self.fail_at:
+            raise RuntimeError("matcher fault")
+        row.fill_(-1)
+
+    def consume_token(self, token_id: int) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("frames", [1, 2])
+def test_a_grammar_that_raises_at_its_mask_fails_its_request_not_the_plan(frames):
+    """A constrained request's matcher raises at its third mask, in a plan with a constrained and a
+    plain request beside it: that request ends ERROR with its two tokens; the failure failed the
+    whole plan, so both bystanders ended ERROR too."""
+    engine, _ = engine_of(frames=frames)
+    record = Recorder()
+    engine.submit(EngineRequest(spec("faulty", PROMPTS["r0"], 6, constrained=True), record,
+                                grammar=FaultyGrammar(fail_at=3)))
+    engine.submit(EngineRequest(spec("constrained", PROMPTS["r1"], 6, constrained=True), record,
+                                grammar=FaultyGrammar()))
+    engine.submit(EngineRequest(spec("plain", PROMPTS["r2"], 6), record))
+    engine.run_until_idle()
+    assert record.reasons() == {"faulty": [FinishReason.ERROR], "constrained": [FinishReason.LENGTH],
+                                "plain": [FinishReason.LENGTH]}
+    (faulty,) = record.ends["faulty"]
+    assert "matcher fault" in faulty.message and faulty.num_output_tokens == 2
+    assert record.tokens == {"faulty": reference(PROMPTS["r0"], 2), "constrained": reference(PROMPTS["r1"], 6),
+                             "plain": reference(PROMPTS["r2"], 6)}
+    assert engine.is_healthy and engine.stats.requests_finished["error"] == 1
+    assert_all_released(engine.scheduler)
+    assert not engine.feedback.watching
+
+
 # -- commands and ids at the edges -----------------------------------------------------------------
 
 
@@ -240,3 +354,25 @@ def test_runtime_close_stops_the_peers_even_when_the_engine_shutdown_raises():
     with pytest.raises(RuntimeError, match="wind-down"):
         runtime.close()
     assert closed == [True]
+
+
+def test_build_runtime_abandons_the_peers_when_the_executor_cannot_be_built(monkeypatch):
+    """Rank zero loaded its shard, then its executor failed (here: host pages it cannot allocate):
+    the peers started for the tensor-parallel core were left waiting for its sizing, never told."""
+    from helios.runtime import service
+
+    abandoned = []
+    monkeypatch.setattr(service, "launch_peers", lambda *args: SimpleNamespace(abandon=abandoned.append))
+    monkeypatch.setattr(service, "load_model", lambda core, load: SimpleNamespace(
+        prepared=None, buffers=None, weights=None, state_rows_per_request=1))
+    monkeypatch.setattr(service, "host_staging", lambda *args: None)
+    monkeypatch.setattr(service, "Packer", lambda *args, **options: object())
+
+    def executor_for(model, packer, host_pages):
+        raise RuntimeError("cannot allocate the host pages")
+
+    monkeypatch.setattr(service, "executor_for", executor_for)
+    core = SimpleNamespace(prepared=SimpleNamespace(manifest=SimpleNamespace(ranks=2)))
+    with pytest.raises(RuntimeError, match="host pages"):
+        service.build_runtime(core, service.RuntimeOptions(hold_freed_memory=False))
+    assert abandoned == ["RuntimeError: cannot allocate the host pages"]

@@ -92,3 +92,26 @@ def test_a_stalled_engine_process_gets_the_short_shutdown_grace():
     serving.shutdown(timeout=30.0)
     assert serving._process.joins == [30.0]
     assert serving.stalled_reason is None  # shut down: no longer reported
+
+
+def test_a_request_that_crossed_the_shutdown_ends_cancelled_as_shut_down_not_died():
+    """An `Admit` written after the engine process took its `Shutdown` is never read: the reader
+    ends it at the process's end, CANCELLED, with the message of a death ("the model worker died")."""
+    from helios.runtime.engine import EngineRequest
+    from helios.runtime.engine_link import SHUT_DOWN, Shutdown
+    from helios.runtime.records.events import FinishReason
+    from helios.runtime.records.request import RequestSpec
+
+    class Ended(_Pipe):
+        def recv(self):
+            return Shutdown()  # the engine process's last message
+
+    link = EngineLink(Ended(), _Process(), liveness_timeout_s=TIMEOUT_S)
+    batches = []
+    link.connect(batches.append)
+    link.submit(EngineRequest(RequestSpec("crossed", (1, 2, 3), 4)))
+    link.start()
+    link._reader.join(5.0)
+    finishes = [(e.request_id, e.reason, e.message) for b in batches for e in b.events]
+    assert finishes == [("crossed", FinishReason.CANCELLED, SHUT_DOWN)]
+    assert link.is_healthy and link.failure is None

@@ -158,6 +158,37 @@ def test_requests_the_link_cannot_send_are_refused():
         link.submit(EngineRequest(RequestSpec("r", (1,), 1), grammar=object()))
 
 
+def test_a_submission_whose_pipe_breaks_as_the_engine_process_dies_ends_once():
+    """The engine process dies while an `Admit` is written: the link's reader ends the request it
+    had counted (ERROR, the model worker died), and the failed write ended it a second time."""
+    from helios.runtime.engine_link import DIED, EngineLink
+    from helios.runtime.outlet import StepBatch
+
+    class Dead:
+        exitcode = -9
+
+        def join(self, timeout=None) -> None:
+            pass
+
+        def is_alive(self) -> bool:
+            return False
+
+    class Breaking:
+        def send(self, message) -> None:  # what the reader thread does on the pipe's end, then the write fails
+            link._has_died = True
+            link._end_outstanding(FinishReason.ERROR, DIED)
+            raise BrokenPipeError
+
+    link = EngineLink(Breaking(), Dead())
+    batches: list[StepBatch] = []
+    link.connect(batches.append)
+    link.submit(EngineRequest(RequestSpec("r", (5, 6, 7), 4)))
+    finishes = [e for b in batches for e in b.events]
+    assert [(e.request_id, e.reason, e.message) for e in finishes] == [("r", FinishReason.ERROR, DIED)]
+    link.submit(EngineRequest(RequestSpec("late", (5, 6, 7), 4)))  # after it: ERROR at once, once
+    assert [(e.request_id, e.reason) for b in batches[1:] for e in b.events] == [("late", FinishReason.ERROR)]
+
+
 async def _get(app, path: str) -> httpx.Response:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         return await client.get(path)
@@ -166,6 +197,47 @@ async def _get(app, path: str) -> httpx.Response:
 def test_a_startup_error_in_the_engine_process_is_raised_with_its_type(core):
     with pytest.raises(DeviceUnavailableError, match="models run on the CPU or on CUDA"):
         _start(core, RuntimeOptions(LoadOptions(device="meta"), queue_capacity=4))
+
+
+def test_an_engine_process_still_loading_at_the_startup_timeout_is_reported_as_late(core):
+    """It was killed at the deadline, and the error named the kill ("killed by SIGKILL while
+    starting") as if the process had died by itself."""
+    from helios.errors import ExecutionError
+    from helios.server.engine_spawn import EngineSpawn
+
+    class Loading:
+        """An engine process that loads for good until it is killed."""
+
+        def __init__(self):
+            self.exitcode = None
+
+        def is_alive(self) -> bool:
+            return self.exitcode is None
+
+        def kill(self) -> None:
+            self.exitcode = -9
+
+        def join(self, timeout=None) -> None:
+            pass
+
+    class Pipe:
+        def send(self, message) -> None:
+            pass
+
+        def poll(self, timeout) -> bool:
+            time.sleep(min(timeout, 0.05))
+            return False
+
+        def close(self) -> None:
+            pass
+
+    process = Loading()
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
+    with pytest.raises(ExecutionError, match="did not become ready within 0.2 s"):
+        start_engine_process(source, opened.prepared, RuntimeOptions(), timeout_s=0.2,
+                             spawned=EngineSpawn(process, Pipe()))
+    assert not process.is_alive()
 
 
 def test_a_batch_crosses_the_pipe_unchanged():

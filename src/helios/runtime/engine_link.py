@@ -76,6 +76,7 @@ from helios.runtime.records.stats import StatsSnapshot, WorkerStats
 MAX_QUEUED = 64  # messages the engine process holds for a serving process that reads slowly
 STATS_INTERVAL_S = 0.05  # an idle engine process sends changed gauges at most this late
 DIED = "the model worker died"
+SHUT_DOWN = "the model worker shut down"
 DIRECT_EVENTS = 64  # a batch of at most this many events may be written by the thread that sent it
 HEARTBEAT_INTERVAL_S = 1.0  # how often the engine process's command loop says it is alive
 UNRESPONSIVE_GRACE_S = 2.0  # shutdown's wait for an engine process already unresponsive, before the kill
@@ -221,8 +222,12 @@ class EngineLink:
                 self._outstanding[spec.request_id] = len(spec.prompt_ids)
         if not is_closed and self._send(Admit(spec, source)):
             return
-        with self._state_lock:
-            self._outstanding.pop(spec.request_id, None)
+        if not is_closed:
+            with self._state_lock:
+                # The reader may have ended it already (the pipe broke while this was sent, and the
+                # reader's `_end_outstanding` took it): one finish per request.
+                if self._outstanding.pop(spec.request_id, None) is None:
+                    return
         reason = FinishReason.ERROR if self._has_died else FinishReason.CANCELLED
         message = DIED if self._has_died else "the model worker is not running"
         self.sink(StepBatch((FinishEvent(spec.request_id, reason, len(spec.prompt_ids), 0, 0, message),)))
@@ -249,7 +254,7 @@ class EngineLink:
         if self._process.is_alive():
             self._process.kill()
             self._process.join(5.0)
-        self._end_outstanding(FinishReason.CANCELLED, "the model worker shut down")
+        self._end_outstanding(FinishReason.CANCELLED, SHUT_DOWN)
 
     def _send_within(self, message, timeout: float) -> bool:
         """Sends `message` on a thread of its own; False if that did not end within `timeout` (the
@@ -288,8 +293,10 @@ class EngineLink:
         if died is not None and not self._is_closed and not self._is_stopping:
             self.failure = died if died != DIED else ended_how(self._process)
             self._has_died = True
-        self._end_outstanding(FinishReason.ERROR if self._has_died else FinishReason.CANCELLED,
-                              DIED if died in (None, DIED) else f"{DIED}: {died}")
+        if not self._has_died:  # its end after `Shutdown` (or a kill by `shutdown`): a request that crossed it
+            self._end_outstanding(FinishReason.CANCELLED, SHUT_DOWN)
+        else:
+            self._end_outstanding(FinishReason.ERROR, DIED if died == DIED else f"{DIED}: {died}")
 
     def _deliver(self, message: Batch) -> None:
         if message.stats is not None:

@@ -149,6 +149,7 @@ class LaneFeedback:
         self._host_stops: dict[str, Callable[[int], bool]] = {}
         self.dead_ends: list[str] = []  # requests whose last `fill_masks` met a dead end
         self.limits: dict[str, str] = {}  # requests whose last `fill_masks` met a limit: its reason
+        self.failures: dict[str, Exception] = {}  # requests whose grammar raised in the last `fill_masks`
 
     def register(self, request_id: str, grammar: GrammarState | None,
                  host_stop: Callable[[int], bool] | None) -> None:
@@ -167,10 +168,12 @@ class LaneFeedback:
         return bool(self._grammars or self._host_stops)
 
     def fill_masks(self, rows: Iterable) -> dict[str, torch.Tensor]:
-        """Mask rows of the plan rows that sample under a grammar (a grammar that raises fails the
-        plan); `dead_ends` then lists the requests whose grammar met a dead end at its mask, and
-        `limits` those whose grammar met a limit there (with llguidance's reason)."""
-        self.dead_ends, self.limits = [], {}
+        """Mask rows of the plan rows that sample under a grammar; `dead_ends` then lists the requests
+        whose grammar met a dead end at its mask, `limits` those whose grammar met a limit there
+        (with llguidance's reason), and `failures` those whose grammar raised (a matcher's fault:
+        that request alone fails, its row allowing every token, the token dropped as it ends; a plan
+        failed for it ended every request beside it too)."""
+        self.dead_ends, self.limits, self.failures = [], {}, {}
         if not self._grammars:  # no row has a grammar to fill from
             return {}
         masks = {}
@@ -178,12 +181,16 @@ class LaneFeedback:
             grammar = self._grammars.get(row.request_id) if row.constrained and row.samples else None
             if grammar is not None:
                 mask = torch.empty(self._mask_words, dtype=torch.int32)
-                grammar.fill_bitmask(mask)
                 masks[row.request_id] = mask
-                if getattr(grammar, "is_dead_end", False):
-                    self.dead_ends.append(row.request_id)
-                elif getattr(grammar, "limit", ""):
-                    self.limits[row.request_id] = grammar.limit
+                try:
+                    grammar.fill_bitmask(mask)
+                    if getattr(grammar, "is_dead_end", False):
+                        self.dead_ends.append(row.request_id)
+                    elif getattr(grammar, "limit", ""):
+                        self.limits[row.request_id] = grammar.limit
+                except Exception as error:  # noqa: BLE001 - this request's matcher failed, not the plan
+                    mask.fill_(-1)
+                    self.failures[row.request_id] = error
         return masks
 
     def advance(self, request_id: str, token_ids: Sequence[int]) -> Advance | None:

@@ -64,16 +64,18 @@ def build_runtime(core, options: RuntimeOptions = RuntimeOptions()) -> Runtime:
     # are captured into CUDA graphs once the group is formed (their collectives need every rank);
     # on the CPU they run the eager fast graphs (their collectives are bound after load, so nothing compiled).
     pending = launch_peers(core, options.ranks, options.host_pages, options.load) if ranked else None
+    # Every failure before the join abandons the peers, the packer's and the executor's too (a binding
+    # refused, host pages that cannot be allocated): otherwise they wait for rank zero's sizing.
     try:
         ranked_load = replace(options.load, cuda_graphs=False, compile_programs=False)
         model = load_model(core, ranked_load if ranked else options.load)
+        packer = Packer(model.prepared, model.buffers, model.state_rows_per_request,
+                        host_staging=host_staging(model.prepared, model.weights, model.buffers))
+        executor = executor_for(model, packer, options.host_pages)
     except BaseException as error:
         if pending is not None:
             pending.abandon(f"{type(error).__name__}: {error}")
         raise
-    packer = Packer(model.prepared, model.buffers, model.state_rows_per_request,
-                    host_staging=host_staging(model.prepared, model.weights, model.buffers))
-    executor = executor_for(model, packer, options.host_pages)
     stats, peers = WorkerStats(), None
     if pending is not None:
         peers = pending.join(executor, stats)

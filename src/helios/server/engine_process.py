@@ -143,9 +143,12 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
         _stop_unready(process, connection)
         raise
     if not isinstance(message, _Ready):
+        is_late = message is None and process.is_alive()  # still loading at the deadline: killed below
         _stop_unready(process, connection)
         if isinstance(message, _Failed):
             raise message.error
+        if is_late:  # (else the kill itself would be reported as how it ended)
+            raise ExecutionError(f"the engine process did not become ready within {timeout_s:g} s (it was stopped)")
         raise ExecutionError(f"{ended_how(process)} while starting")
     view = FrontendView(prepared, settings, message.tokenizer_json, message.chat_template)
     return EngineProcessRuntime(view, EngineLink(connection, process, stats_of(message.stats), liveness_timeout_s),
