@@ -14,7 +14,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from helios.contract import serving_pb2 as spb
 from helios.frontend.preparation.template import ChatTemplate
 from helios.ignition.architecture import CheckpointError
+from helios.ignition import checkpoint_assets
 from helios.ignition.checkpoint_assets import read_assets
+from helios.ignition.frontend import tokenizer_files
 from helios.ignition.frontend.probes import PROBE_TOOLS, TOOL_NAME, tool_call_message, user
 from helios.ignition.frontend.render import ProbeTemplate
 from helios.ignition.frontend.sampling import merged_sampling, recommended_sampling
@@ -150,6 +152,35 @@ def test_a_settings_file_that_is_not_a_json_object_is_refused_naming_it(tmp_path
     write(tmp_path, tokenizer, {"tokenizer_config.json": {"chat_template": CHATML, "eos_token": "<|im_end|>"}})
     (tmp_path / name).write_text('["chat_template"]')
     refused(tmp_path, tokenizer, f"{name} must hold a JSON object, not list")
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                                  "chat_template.json"])
+def test_a_settings_file_past_the_json_bound_is_refused_naming_it(tmp_path, tokenizer, monkeypatch, name):
+    # These files were read whole, however large (a sparse file of gigabytes: all of it in memory, then
+    # parsed), where config.json and the shard index stop at MAX_JSON_NBYTES. Valid JSON, padded past
+    # a bound lowered for the test, is refused too; within the bound it is read.
+    write(tmp_path, tokenizer, {"tokenizer_config.json": {"eos_token": "<|im_end|>"},
+                                "chat_template.json": {"chat_template": CHATML}})
+    path = tmp_path / name
+    path.write_text((path.read_text() if path.exists() else "{}") + " " * 8192)
+    monkeypatch.setattr(tokenizer_files, "MAX_JSON_NBYTES", 8192 + 4096, raising=False)
+    assert assets(tmp_path, tokenizer).chat_template == CHATML
+    monkeypatch.setattr(tokenizer_files, "MAX_JSON_NBYTES", 4096, raising=False)
+    refused(tmp_path, tokenizer, f"{path} is larger than 4096 bytes")
+
+
+@pytest.mark.parametrize("name, bound", [("chat_template.jinja", (tokenizer_files, "MAX_JSON_NBYTES")),
+                                         ("tokenizer.json", (checkpoint_assets, "MAX_TOKENIZER_NBYTES"))])
+def test_a_template_or_tokenizer_past_its_bound_is_refused_naming_it(tmp_path, tokenizer, monkeypatch, name, bound):
+    # Both were read whole, however large, before being parsed.
+    write(tmp_path, tokenizer, {"tokenizer_config.json": {"eos_token": "<|im_end|>"}, "chat_template.jinja": CHATML})
+    path = tmp_path / name
+    nbytes = len(path.read_bytes())
+    monkeypatch.setattr(*bound, nbytes, raising=False)
+    assert assets(tmp_path, tokenizer).chat_template == CHATML
+    monkeypatch.setattr(*bound, nbytes - 1, raising=False)
+    refused(tmp_path, tokenizer, f"{path} is larger than {nbytes - 1} bytes")
 
 
 def test_sampling_from_a_generation_config_that_is_not_a_json_object_is_refused(tmp_path):

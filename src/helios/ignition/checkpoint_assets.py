@@ -22,11 +22,14 @@ from helios.ignition.frontend.probes import (
 from helios.ignition.frontend.render import ProbeTemplate
 from helios.ignition.frontend.tokenizer_files import (
     chat_template, check_encodes, declared_added_tokens, eos_token_ids, missing_tokenizer_json, parsed_tokenizer,
-    read_json, served_tokenizer, special_tokens, template_tokens)
+    read_bounded, read_json, served_tokenizer, special_tokens, template_tokens)
 from helios.ignition.preparation.contract import FrontendDeclaration
 
 # Keys of `--frontend KEY=VALUE`: what a publisher may state instead of what the probes derive.
 STATED_KEYS = ("family", "reasoning", "message_start", "assistant_header", "message_end")
+# The largest published tokenizer.json files (256k-token vocabularies with their merges) are tens of
+# megabytes; a larger one is damaged or sparse, refused before it is read whole and parsed.
+MAX_TOKENIZER_NBYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,10 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
 
 
 def _read_tokenizer(path: Path) -> tuple[bytes, Tokenizer]:
-    tokenizer_json = path.read_bytes()
+    try:
+        tokenizer_json = read_bounded(path, MAX_TOKENIZER_NBYTES)
+    except OSError as error:
+        raise CheckpointError(f"cannot read {path}: {error}") from None
     try:
         text = tokenizer_json.decode("utf-8")
     except UnicodeDecodeError as error:

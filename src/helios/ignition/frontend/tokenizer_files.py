@@ -35,6 +35,7 @@ from tokenizers import Tokenizer
 
 from helios.contract import serving_pb2 as spb
 from helios.ignition.architecture import CheckpointError
+from helios.ignition.recipes.checkpoint import MAX_JSON_NBYTES
 
 TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP = "tokenizer_config.json", "special_tokens_map.json"
 TEMPLATE_FILE, TEMPLATE_DIR, PROCESSOR_TEMPLATE = "chat_template.jinja", "additional_chat_templates", "chat_template.json"
@@ -96,14 +97,27 @@ def check_encodes(tokenizer: Tokenizer, path: Path, vocab_size: int) -> None:
                               f"vocab_size {vocab_size}: it has no embedding")
 
 
+def read_bounded(path: Path, max_nbytes: int) -> bytes:
+    """The bytes of the regular file `path`, refused having read no more than `max_nbytes` where it
+    holds more (its size as read, not as stat reports it): a damaged or sparse file of gigabytes was
+    read whole, then parsed. OSError where it cannot be read."""
+    with path.open("rb") as handle:
+        data = handle.read(max_nbytes + 1)
+    if len(data) > max_nbytes:
+        raise CheckpointError(f"{path} is larger than {max_nbytes} bytes, more than any such file of a checkpoint "
+                              f"holds (a damaged or sparse file?)")
+    return data
+
+
 def read_json(path: Path) -> dict:
-    """The JSON object in `path` ({} when there is no such file)."""
+    """The JSON object in `path` ({} when there is no such file), of at most `MAX_JSON_NBYTES` (the
+    bound of config.json and the shard index)."""
     if not path.exists():
         return {}
     if not path.is_file():  # a FIFO would block the read; read as absent, it was misnamed as missing
         raise CheckpointError(f"{path} is not a regular file")
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(read_bounded(path, MAX_JSON_NBYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError) as error:
         raise CheckpointError(f"cannot read {path}: {error}") from None
     if not isinstance(value, dict):
@@ -148,8 +162,8 @@ def _template_files(directory: Path) -> tuple[str, dict[str, str]]:
     for path in files:
         if not path.is_file():  # reading a FIFO would block forever
             raise CheckpointError(f"{path} is not a regular file")
-        try:
-            text = path.read_text(encoding="utf-8")
+        try:  # a template is kilobytes: the settings files' bound
+            text = read_bounded(path, MAX_JSON_NBYTES).decode("utf-8")
         except (OSError, ValueError) as error:
             raise CheckpointError(f"cannot read {path}: {error}") from None
         templates["default" if path.name == TEMPLATE_FILE and path.parent == directory else path.stem] = text
