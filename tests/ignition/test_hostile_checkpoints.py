@@ -156,6 +156,7 @@ def test_tensors_that_cannot_be_fused_are_refused_naming_them(checkpoint):
 ])
 def test_an_index_naming_a_shard_that_is_not_there_is_refused(checkpoint, shard, phrase):
     names = load_file(str(checkpoint / WEIGHTS))
+    (checkpoint / WEIGHTS).unlink()  # else transformers reads it, and never the index
     weight_map = {name: shard for name in names}
     (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     _refused(checkpoint, "model.safetensors.index.json places tensor", phrase)
@@ -375,6 +376,7 @@ def test_signed_text_options_are_checked_before_capture(pristine, key, tmp_path,
 
 
 def test_a_shard_index_that_is_not_a_regular_file_is_refused(checkpoint):
+    (checkpoint / WEIGHTS).rename(checkpoint / "model-00001-of-00001.safetensors")  # else the index is not read
     os.mkfifo(checkpoint / "model.safetensors.index.json")  # reading it would block forever
     _refused(checkpoint, "model.safetensors.index.json is not a regular file")
 

@@ -1,5 +1,5 @@
 """Read a Hugging Face checkpoint directory: config.json and tensors from safetensors files only:
-``model.safetensors``, or the shards ``model.safetensors.index.json`` names (as transformers reads them).
+``model.safetensors``, else the shards ``model.safetensors.index.json`` names (as transformers reads them).
 
 Tensors are read lazily, one at a time, through safetensors (never pickle), so preparing a large model
 does not hold the raw checkpoint and the prepared weights in memory at once.
@@ -29,6 +29,7 @@ from helios.ignition.architecture import CheckpointError
 
 WEIGHTS_FILE = "model.safetensors"  # transformers' SAFE_WEIGHTS_NAME
 INDEX_FILE = "model.safetensors.index.json"
+EXPLICIT_WEIGHTS = "transformers_weights"  # config.json's name of the weights file, where model.safetensors is taken
 # A config.json is kilobytes and a shard index about 100 bytes a tensor (megabytes for the largest models):
 # a larger file is damaged or sparse, refused before it is read whole.
 MAX_JSON_NBYTES = 64 << 20
@@ -56,18 +57,26 @@ class CheckpointTensors:
 
     @classmethod
     def open(cls, directory: Path, progress: Callable[[str], None] | None = None) -> "CheckpointTensors":
-        """The tensors of the shards `directory`'s shard index names, else of its ``model.safetensors``:
-        the files transformers reads. Any other *.safetensors file is not read (a Mistral repository
-        holds its weights twice: the shards, and consolidated.safetensors in Mistral's own names; a
-        folder may hold an adapter or a copy beside the model, whose tensors were read as the model's)."""
-        weight_map = _read_index(directory)
+        """The tensors of `directory`'s ``model.safetensors``, else of the shards its shard index names:
+        the files transformers reads, in its order (``from_pretrained`` takes ``model.safetensors``
+        where both are there, and never opens the index). Any other *.safetensors file is not read (a
+        Mistral repository holds its weights twice: the shards, and consolidated.safetensors in
+        Mistral's own names; a folder may hold an adapter or a copy beside the model, whose tensors
+        were read as the model's). config.json's ``transformers_weights``, where it is set, names the
+        one file (or shard index) to read instead, as transformers reads it (`_weight_files`)."""
+        weights, index = _weight_files(directory)
+        has_weights = weights is not None and (directory / weights).is_file()
+        weight_map = _read_index(directory, index) if index is not None and not has_weights else None
         if weight_map is not None:
             files = [directory / shard for shard in sorted(set(weight_map.values()))]
-        elif (directory / WEIGHTS_FILE).exists() or (directory / WEIGHTS_FILE).is_symlink():
-            files = [directory / WEIGHTS_FILE]
-        else:
+        elif weights is not None and ((directory / weights).exists() or (directory / weights).is_symlink()):
+            files = [directory / weights]
+        elif (weights, index) == (WEIGHTS_FILE, INDEX_FILE):
             raise CheckpointError(f"{directory} has neither {WEIGHTS_FILE} nor {INDEX_FILE} (other weight "
                                   f"formats are not read)")
+        else:
+            raise CheckpointError(f"{directory} has no {weights or index}, which config.json's {EXPLICIT_WEIGHTS} "
+                                  f"names as its weights")
         files_by_name: dict[str, Path] = {}
         for path in files:
             if not path.is_file():  # a FIFO would block the read forever
@@ -77,7 +86,7 @@ class CheckpointTensors:
                     raise CheckpointError(f"tensor {name} appears in {files_by_name[name].name} and {path.name}")
                 files_by_name[name] = path
         if weight_map is not None:
-            _check_index(weight_map, files_by_name)
+            _check_index(weight_map, files_by_name, index)
         return cls(files_by_name, progress)
 
     @property
@@ -159,32 +168,49 @@ def is_finite(tensor: torch.Tensor) -> bool:
     return True
 
 
-def _read_index(directory: Path) -> dict[str, str] | None:
+def _weight_files(directory: Path) -> tuple[str | None, str | None]:
+    """(weights file, shard index) transformers' ``from_pretrained`` looks for, in that order:
+    ``model.safetensors`` and its index, or the one file config.json's ``transformers_weights`` names
+    (set where ``model.safetensors`` holds something else, such as another library's weights), a
+    safetensors file or a shard index, at a path inside the directory."""
+    config = directory / "config.json"
+    explicit = read_json(config, strict=False).get(EXPLICIT_WEIGHTS) if config.is_file() else None
+    if explicit is None:
+        return WEIGHTS_FILE, INDEX_FILE
+    parts = Path(explicit).parts if isinstance(explicit, str) else ()
+    if (not isinstance(explicit, str) or not explicit.endswith((".safetensors", ".safetensors.index.json"))
+            or Path(explicit).is_absolute() or ".." in parts or not parts):
+        raise CheckpointError(f"config.json: {EXPLICIT_WEIGHTS} must name a *.safetensors or *.safetensors.index.json "
+                              f"file inside the checkpoint directory, got {explicit!r}")
+    return (None, explicit) if explicit.endswith(".safetensors.index.json") else (explicit, None)
+
+
+def _read_index(directory: Path, index: str = INDEX_FILE) -> dict[str, str] | None:
     """The shard index's weight_map (tensor -> shard file name), each shard a file of the directory;
     None without an index."""
-    if not (directory / INDEX_FILE).exists() and not (directory / INDEX_FILE).is_symlink():
+    if not (directory / index).exists() and not (directory / index).is_symlink():
         return None
-    weight_map = read_json(directory / INDEX_FILE).get("weight_map")
+    weight_map = read_json(directory / index).get("weight_map")
     if not isinstance(weight_map, dict):
-        raise CheckpointError(f"{directory / INDEX_FILE} has no weight_map object")
+        raise CheckpointError(f"{directory / index} has no weight_map object")
     if not weight_map:  # else read as a checkpoint of no tensors, refused later for a reason of its own
-        raise CheckpointError(f"{directory / INDEX_FILE}: its weight_map names no tensors")
+        raise CheckpointError(f"{directory / index}: its weight_map names no tensors")
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
-            raise CheckpointError(f"{INDEX_FILE} places tensor {name} in {shard!r}, which is not a file name "
+            raise CheckpointError(f"{index} places tensor {name} in {shard!r}, which is not a file name "
                                   f"inside {directory}")
         if not (directory / shard).is_file():
-            raise CheckpointError(f"{INDEX_FILE} places tensor {name} in shard {shard}, which is absent")
+            raise CheckpointError(f"{index} places tensor {name} in shard {shard}, which is absent")
     return weight_map
 
 
-def _check_index(weight_map: Mapping[str, str], files_by_name: Mapping[str, Path]) -> None:
+def _check_index(weight_map: Mapping[str, str], files_by_name: Mapping[str, Path], index: str) -> None:
     """The shard index agrees with the shards: each of its tensors is in the shard it names."""
     for name, shard in weight_map.items():
         found = files_by_name.get(name)
         if found is None or found.name != shard:
             where = f"is in {found.name}" if found is not None else "is in no shard"
-            raise CheckpointError(f"{INDEX_FILE} places tensor {name} in shard {shard}, but it {where}")
+            raise CheckpointError(f"{index} places tensor {name} in shard {shard}, but it {where}")
 
 
 # config.json keys every recipe reads the same way, checked before any recipe converts them (a
