@@ -2,7 +2,8 @@
 (Qwen2VLImageProcessor, the PIL path) makes from it, or refused at prepare naming the setting: its
 resample, do_rescale, rescale_factor, do_normalize and do_convert_rgb were ignored (another filter or
 scale served other pixels silently), and a file that left image_mean/image_std or the pixel bounds to
-the processor class defaults was refused."""
+the processor class defaults was refused. Its patch_size, merge_size and temporal_patch_size must be the
+vision encoder's (transformers fails on every image otherwise; they were not read)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,52 @@ def test_a_null_mean_is_still_refused(tmp_path):
     _write(tmp_path, {**BOUNDS, "image_mean": None})
     with pytest.raises(CheckpointError, match="lacks image_mean, image_std or pixel bounds"):
         read_image_processor(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def vl_checkpoints(tmp_path_factory):
+    """The tiny Qwen2.5-VL (14-pixel patches) and Qwen3-VL (16) checkpoints' weights and config,
+    written once (a test writes the preprocessor_config.json)."""
+    from .tiny_vl import tiny_model
+    from .tiny_vl3 import tiny_model3
+
+    directories = {}
+    for name, factory in (("qwen2_5_vl", tiny_model), ("qwen3_vl", tiny_model3)):
+        directories[name] = tmp_path_factory.mktemp(name)
+        factory().save_pretrained(directories[name])
+    return directories
+
+
+def _vision_preparation(directory):
+    from helios.ignition.program_spec import Capacity, Operation
+    from helios.ignition.recipes import load_checkpoint
+    from helios.ignition.vision_plan import vision_preparation
+
+    text = [(Operation.DECODE, Capacity(1, 1)), (Operation.PREFILL, Capacity(1, 16))]
+    return vision_preparation(directory, load_checkpoint(directory), text)
+
+
+@pytest.mark.parametrize("family, change, phrase", [
+    ("qwen2_5_vl", {"patch_size": 16}, "patch_size 16 is not config.json's vision_config patch_size 14"),
+    ("qwen2_5_vl", {"merge_size": 1}, "merge_size 1 is not config.json's vision_config spatial_merge_size 2"),
+    ("qwen2_5_vl", {"temporal_patch_size": 1}, "temporal_patch_size 1 is not config.json's vision_config "
+                                               "temporal_patch_size 2"),
+    ("qwen3_vl", {}, "patch_size 14 is not config.json's vision_config patch_size 16"),  # the class default
+    ("qwen2_5_vl", {"patch_size": 14.0}, "patch_size must be a positive integer, got 14.0"),
+], ids=["patch", "merge", "temporal", "default-patch", "float-patch"])
+def test_a_processor_whose_patches_do_not_fit_the_encoder_is_refused(vl_checkpoints, family, change, phrase):
+    """transformers' processor cuts patches by its own patch_size and temporal_patch_size and counts an
+    image's tokens by its own merge_size, the encoder by config.json's: apart, transformers fails on
+    every image (a reshape, or features that do not match the image tokens). The served frontend cut
+    by the encoder's alone: such a checkpoint was prepared and served, its processor's settings unread."""
+    _write(vl_checkpoints[family], {**NORMALIZE, **BOUNDS, **change})
+    with pytest.raises(CheckpointError, match=f"preprocessor_config.json: {phrase}"):
+        _vision_preparation(vl_checkpoints[family])
+
+
+@pytest.mark.parametrize("family, geometry", [
+    ("qwen2_5_vl", {}), ("qwen2_5_vl", {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}),
+    ("qwen3_vl", {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2})])
+def test_a_processor_whose_patches_fit_the_encoder_is_prepared(vl_checkpoints, family, geometry):
+    _write(vl_checkpoints[family], {**NORMALIZE, **BOUNDS, **geometry})
+    assert _vision_preparation(vl_checkpoints[family]) is not None

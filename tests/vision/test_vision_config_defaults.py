@@ -13,6 +13,7 @@ import functools
 
 import pytest
 
+from helios.ignition.architecture import CheckpointError
 from helios.ignition.recipes import qwen_vl
 from helios.ignition.recipes.base import UnsupportedCheckpoint
 from helios.ignition.recipes.vision import QWEN2_5_VL, QWEN3_VL, vision_architecture
@@ -83,3 +84,38 @@ def test_the_head_is_tied_where_transformers_ties_it(factory, source, top, text)
     config["text_config"]["tie_word_embeddings"] = text
     recipe = qwen_vl.build(source, config, tensors, "float32")
     assert recipe.text.architecture.tie_word_embeddings == config_class(**config).tie_word_embeddings
+
+
+@pytest.mark.parametrize("key, value", [("image_token_id", 10**12), ("vision_start_token_id", -5),
+                                        ("vision_end_token_id", 151936), ("image_token_id", "151655"),
+                                        ("image_token_id", None)],
+                         ids=["past-32-bits", "negative", "past-the-vocabulary", "string", "null"])
+def test_an_image_sentinel_id_outside_the_vocabulary_is_refused_naming_it(key, value):
+    """transformers finds an image's tokens by these ids, which the prompt's never equal (a null fails
+    there). One outside the contract's 32-bit ids crashed prepare with a traceback (a protobuf
+    ValueError as the contract was written), one past the vocabulary was refused after every capture."""
+    _, config, tensors = _checkpoint(tiny_model)
+    config = {**copy.deepcopy(config), key: value}
+    with pytest.raises(CheckpointError, match=f"config.json: {key} must be a token id below the vocab_size 151936, "
+                                              f"got {value!r}"):
+        qwen_vl.build("Qwen2_5_VLForConditionalGeneration", config, tensors, "float32")
+
+
+@pytest.mark.parametrize("factory, source, stored, patch", [(*_FAMILIES[0], 14, 16), (*_FAMILIES[1], 16, 14)],
+                         ids=["qwen2_5_vl", "qwen3_vl"])
+def test_a_patch_embedding_of_another_patch_geometry_is_refused_naming_it(factory, source, stored, patch):
+    """transformers refuses to load a patch embedding whose shape is not the config's patch geometry;
+    its flattened columns were taken as a patch's pixels, and capture failed with a traceback."""
+    _, config, tensors = _checkpoint(factory)
+    config = copy.deepcopy(config)
+    config["vision_config"]["patch_size"] = patch
+    with pytest.raises(CheckpointError, match=f"tensor model.visual.patch_embed.proj.weight is \\[32, 3, 2, {stored}, "
+                                              f"{stored}\\], not \\[32, 3, 2, {patch}, {patch}\\]"):
+        qwen_vl.build(source, config, tensors, "float32")
+
+
+@pytest.mark.parametrize("family", [QWEN2_5_VL, QWEN3_VL])
+def test_an_encoder_of_other_than_three_channels_is_refused(family):
+    """The served image preparation makes RGB patches; an encoder of one channel failed capture."""
+    with pytest.raises(UnsupportedCheckpoint, match="vision in_channels 1 is not supported"):
+        vision_architecture({"in_channels": 1}, family)

@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 from helios.contract import serving_pb2 as spb
 from helios.ignition.architecture import CheckpointError, WeightSlot
 from helios.ignition.multimodal_spec import MultimodalOptions
-from helios.ignition.preparation.vision_contract import declare_vision, max_image_patches, read_image_processor
+from helios.ignition.preparation.vision_contract import (
+    check_patch_geometry, declare_vision, max_image_patches, read_image_processor)
 from helios.ignition.program_spec import Capacity, Operation
 from helios.ignition.recipes import Recipe
 
@@ -41,6 +42,7 @@ def vision_preparation(checkpoint: Path, recipe: Recipe, text_variants: Sequence
     if unsupported:
         raise CheckpointError(f"a vision-language core has no {', '.join(unsupported)} programs")
     processor = read_image_processor(checkpoint)
+    check_patch_geometry(vl.vision, processor)
     unit = vl.vision.merge_size ** 2
     capacities = tuple(sorted(set(patch_capacities))) or (max_image_patches(vl, processor),)
     if any(c <= 0 or c % unit for c in capacities):

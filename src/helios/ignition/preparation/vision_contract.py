@@ -33,7 +33,12 @@ MAX_PIXELS = 2**31 - 1  # the contract's extents are 32-bit
 REFERENCE_PROCESSOR_DEFAULTS: dict[str, Any] = {
     "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
     "size": {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}, "do_resize": True, "resample": 3,
-    "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True}
+    "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+    "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}
+# The processor's patch geometry and the vision config's key for each: the processor cuts and groups
+# the patches the encoder reads (see `check_patch_geometry`).
+GEOMETRY_KEYS = (("patch_size", "patch_size"), ("merge_size", "spatial_merge_size"),
+                 ("temporal_patch_size", "temporal_patch_size"))
 BICUBIC = 3  # PIL's Image.Resampling.BICUBIC, the served resize's filter
 IDENTITY = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # mean and std that leave the rescaled pixels as they are
 
@@ -46,6 +51,10 @@ class ImageProcessorSettings:
     std: tuple[float, float, float]
     min_pixels: int
     max_pixels: int
+    # The processor's patch geometry (GEOMETRY_KEYS), which must be the encoder's.
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
 
 
 def read_image_processor(checkpoint: Path) -> ImageProcessorSettings:
@@ -66,7 +75,8 @@ def read_image_processor(checkpoint: Path) -> ImageProcessorSettings:
         mean, std = (tuple(float(v) for v in config["image_mean"]), tuple(float(v) for v in config["image_std"])
                      ) if config["do_normalize"] else IDENTITY
         settings = ImageProcessorSettings(mean, std, int(config.get("min_pixels") or size["shortest_edge"]),
-                                          int(config.get("max_pixels") or size["longest_edge"]))
+                                          int(config.get("max_pixels") or size["longest_edge"]),
+                                          *(_geometry(config, key) for key, _ in GEOMETRY_KEYS))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"{PROCESSOR_CONFIG} lacks image_mean, image_std or pixel bounds ({exc})") from None
     # Every image is normalized by them at serving: a zero or non-finite std would make it NaN.
@@ -78,6 +88,28 @@ def read_image_processor(checkpoint: Path) -> ImageProcessorSettings:
         raise CheckpointError(f"{PROCESSOR_CONFIG}: pixel bounds must satisfy 1 <= min_pixels <= max_pixels <= "
                               f"{MAX_PIXELS}, got {settings.min_pixels} and {settings.max_pixels}")
     return settings
+
+
+def _geometry(config: dict[str, Any], key: str) -> int:
+    value = config[key]
+    if type(value) is not int or value < 1:  # transformers cuts patches by it: 14.0 or "14" fails there
+        raise CheckpointError(f"{PROCESSOR_CONFIG}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_patch_geometry(vision: Any, processor: ImageProcessorSettings) -> None:
+    """Refuses a processor whose patch geometry is not the encoder's (`vision`: the recipe's
+    VisionArchitecture). transformers' processor cuts patches of its own patch_size and temporal
+    size and counts an image's tokens by its own merge_size, while the encoder reshapes and merges
+    them by config.json's vision_config: with any of them apart transformers fails on every image
+    (a reshape, or features and image tokens that do not match). The served frontend cuts by the
+    encoder's geometry alone, so such a checkpoint was served without error, its processor unread."""
+    for key, vision_key in GEOMETRY_KEYS:
+        ours, theirs = getattr(processor, key), getattr(vision, key)
+        if ours != theirs:
+            raise CheckpointError(f"{PROCESSOR_CONFIG}: {key} {ours} is not config.json's vision_config "
+                                  f"{vision_key} {theirs}: the processor's patches do not fit the vision encoder "
+                                  f"(a missing key is the processor class default, 14 / 2 / 2)")
 
 
 def check_served_arithmetic(config: dict[str, Any]) -> None:

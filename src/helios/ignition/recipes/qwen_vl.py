@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import torch
 
+from helios.ignition.architecture import CheckpointError
 from helios.ignition.multimodal import mrope_components
 from helios.ignition.recipes import llama
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
@@ -98,6 +99,18 @@ def text_config(config: Mapping[str, Any], source: str) -> dict[str, Any]:
     return text
 
 
+def _token_id(config: Mapping[str, Any], key: str, default: int, vocab_size: int) -> int:
+    """An image sentinel's id: an integer id of the vocabulary, which transformers compares the prompt's
+    ids with (a string never matches, a null fails there); one outside the contract's 32-bit ids
+    crashed prepare with a traceback as it was written into the contract, and one past the vocabulary
+    was refused only after every program had been captured."""
+    value = config.get(key, default)
+    if type(value) is not int or not 0 <= value < vocab_size:
+        raise CheckpointError(f"config.json: {key} must be a token id below the vocab_size {vocab_size}, "
+                              f"got {value!r}")
+    return value
+
+
 def build(source: str, config: Mapping[str, Any], tensors, dtype: str | None) -> VisionLanguageRecipe:
     new_layout = "model.language_model.embed_tokens.weight" in tensors
     text_prefix, vision_prefix = ("model.language_model.", "model.visual.") if new_layout else ("model.", "visual.")
@@ -135,6 +148,6 @@ def build(source: str, config: Mapping[str, Any], tensors, dtype: str | None) ->
     unplaced = sorted(set(tensors.names) - used - view.used - {"lm_head.weight"})
     if unplaced:
         raise UnsupportedCheckpoint(f"{source} checkpoint has tensors this recipe does not use: {unplaced[:8]}")
-    image, start, end = (int(config.get(key, default)) for key, default in _REFERENCE_TOKENS.items())
+    image, start, end = (_token_id(config, key, default, arch.vocab_size) for key, default in _REFERENCE_TOKENS.items())
     return VisionLanguageRecipe(Recipe(source, arch, weights), mrope_components(section, interleaved), vision, visual,
                                 image, start, end)

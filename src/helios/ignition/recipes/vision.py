@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 
+from helios.ignition.architecture import CheckpointError
 from helios.ignition.recipes.base import NamedWeight, UnsupportedCheckpoint
 
 
@@ -66,6 +67,7 @@ QWEN2_5_VL, QWEN3_VL = "qwen2_5_vl", "qwen3_vl"
 # repeats a still image over 2 (`helios.frontend.images.preparation.TEMPORAL_PATCH_SIZE`); an encoder
 # of another temporal size would be handed patches of the wrong width at the first image.
 STILL_FRAMES = 2
+RGB_CHANNELS = 3  # the served image preparation converts every image to RGB
 
 # transformers 5's vision config class defaults, which it takes for the keys a `vision_config` leaves
 # out (`recipes.defaults` does the same for decoders): a config.json that left Qwen2.5-VL's
@@ -88,6 +90,9 @@ def vision_architecture(config: Mapping[str, Any], family: str = QWEN2_5_VL) -> 
     if int(config["temporal_patch_size"]) != STILL_FRAMES:
         raise UnsupportedCheckpoint(f"vision temporal_patch_size {config['temporal_patch_size']!r} is not supported: "
                                     f"the served image preparation fills {STILL_FRAMES} temporal frames per patch")
+    if config["in_channels"] != RGB_CHANNELS:
+        raise UnsupportedCheckpoint(f"vision in_channels {config['in_channels']!r} is not supported: the served image "
+                                    f"preparation makes patches of {RGB_CHANNELS} (RGB) channels")
     if family == QWEN3_VL:
         return _qwen3_architecture(config)
     if config.get("hidden_act", "silu") != "silu":
@@ -132,7 +137,7 @@ def vision_weights(arch: VisionArchitecture, take, prefix: str = "model.visual."
     """The encoder's weights in program layout (`take` reads a checkpoint tensor by name)."""
     if arch.family == QWEN3_VL:
         return _qwen3_weights(arch, take, prefix)
-    out = [NamedWeight("vision.patch_embed", take(prefix + "patch_embed.proj.weight").reshape(arch.hidden_size, -1))]
+    out = [_patch_embed(arch, take, prefix)]
     for block in range(arch.depth):
         src, dst = f"{prefix}blocks.{block}.", f"vision.blocks.{block}."
         for name in ("norm1.weight", "norm2.weight", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
@@ -145,6 +150,20 @@ def vision_weights(arch: VisionArchitecture, take, prefix: str = "model.visual."
     return out
 
 
+def _patch_embed(arch: VisionArchitecture, take, prefix: str) -> NamedWeight:
+    """The patch embedding as one matrix over a patch's pixels, whose shape must be the patch geometry
+    of the config (which the served frontend cuts patches by): transformers refuses to load a weight
+    of another shape, and its flattened columns were taken as a patch's pixels, failing capture with a
+    traceback (or, columns equal in number, reading each patch's pixels in another order)."""
+    name = prefix + "patch_embed.proj.weight"
+    weight = take(name)
+    expected = (arch.hidden_size, arch.in_channels, arch.temporal_patch_size, arch.patch_size, arch.patch_size)
+    if tuple(weight.shape) != expected:
+        raise CheckpointError(f"tensor {name} is {list(weight.shape)}, not {list(expected)}: vision_config's "
+                              f"hidden_size, in_channels, temporal_patch_size, patch_size and patch_size")
+    return NamedWeight("vision.patch_embed", weight.reshape(arch.hidden_size, -1))
+
+
 def _rope_inv_freq(arch: VisionArchitecture) -> NamedWeight:
     half = arch.head_dim // 2
     inv_freq = 1.0 / (arch.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float) / half))
@@ -152,7 +171,7 @@ def _rope_inv_freq(arch: VisionArchitecture) -> NamedWeight:
 
 
 def _qwen3_weights(arch: VisionArchitecture, take, prefix: str) -> list[NamedWeight]:
-    out = [NamedWeight("vision.patch_embed", take(prefix + "patch_embed.proj.weight").reshape(arch.hidden_size, -1)),
+    out = [_patch_embed(arch, take, prefix),
            NamedWeight("vision.patch_embed.bias", take(prefix + "patch_embed.proj.bias")),
            NamedWeight("vision.pos_embed", take(prefix + "pos_embed.weight"))]
     for block in range(arch.depth):
