@@ -363,6 +363,18 @@ def test_a_reader_that_stops_is_dropped_after_the_send_timeout_and_one_that_paus
     assert_serving(app, served)
 
 
+def test_a_reader_that_stops_taking_a_json_body_of_several_choices_is_dropped_after_the_send_timeout(app, served):
+    """A body of ``n`` choices was written with no send deadline (and their permits given back first):
+    a client that stopped reading held its response for good."""
+    async def scenario():
+        gone = Reader(app, chat(max_tokens=4, temperature=0, n=2), take=1, stall_s=None)
+        await asyncio.wait_for(gone.task, 20)
+        assert gone.status == 200
+
+    asyncio.run(scenario())
+    assert_serving(app, served)
+
+
 def test_at_the_drain_deadline_running_responses_end_with_one_shutting_down_error(app, served, monkeypatch):
     launch = served.engine.executor.launch
 

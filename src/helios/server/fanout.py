@@ -35,7 +35,7 @@ import asyncio
 import dataclasses
 from typing import Callable, Sequence
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from helios.errors import RequestError
 from helios.frontend.preparation.generation import ContextLimitExceeded
@@ -43,7 +43,7 @@ from helios.frontend.responses.presentation import error_body
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, ResponseBridge
 from helios.server.choice_stream import ChoicesSSEResponse, is_batch, merged_usage
-from helios.server.responses import Lease
+from helios.server.responses import Lease, LeasedJSONResponse
 from helios.server.schemas import MAX_CHOICES
 
 class TooManyChoices(RequestError):
@@ -63,20 +63,19 @@ class Choice:
     prompt_index: int
 
 
-def _close_all(choices: Sequence[Choice]) -> None:
-    for choice in choices:
-        choice.bridge.close()
-
-
 async def _wait_disconnect(receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
 
-async def fanout_json(choices: Sequence[Choice], receive) -> Response:
-    """One JSON body of every choice (see the module docstring); closes every bridge."""
+async def fanout_json(choices: Sequence[Choice], receive, send_timeout_s: float | None,
+                      is_dropping: Callable[[], bool]) -> Response:
+    """One JSON body of every choice (see the module docstring). The response closes every bridge
+    once it is written (`LeasedJSONResponse`), as a single choice's does: the choices' permits bound
+    the body a reader has not taken yet, and its write is under the send deadline."""
     waiters = [asyncio.ensure_future(choice.bridge.terminal()) for choice in choices]
     watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    lease = Lease(choices[0].bridge, send_timeout_s, is_dropping, tuple(choice.bridge for choice in choices[1:]))
     try:
         gathered = asyncio.gather(*waiters)
         remaining = set(waiters)
@@ -88,12 +87,19 @@ async def fanout_json(choices: Sequence[Choice], receive) -> Response:
                     choice.bridge.cancel()
                 break
         terminals = await gathered
+        failure = next((t for t in terminals if isinstance(t, Failure)), None)
+        if failure is not None:
+            return LeasedJSONResponse(error_body(failure.error), failure.error.http_status, lease)
+        return LeasedJSONResponse(_merged_body(choices, terminals), 200, lease)
+    except BaseException:
+        lease.close()
+        raise
     finally:
         watcher.cancel()
-        _close_all(choices)
-    failure = next((t for t in terminals if isinstance(t, Failure)), None)
-    if failure is not None:
-        return JSONResponse(error_body(failure.error), status_code=failure.error.http_status)
+
+
+def _merged_body(choices: Sequence[Choice], terminals: Sequence) -> dict:
+    """The JSON body of every choice's final record (see the module docstring)."""
     bodies = [choice.prepared.response_body(final) for choice, final in zip(choices, terminals)]
     entries = [body["choices"][0] for body in bodies]
     batch = is_batch(choices)
@@ -104,7 +110,7 @@ async def fanout_json(choices: Sequence[Choice], receive) -> Response:
     merged = bodies[0]
     merged["choices"] = entries
     merged["usage"] = merged_usage(choices, terminals)
-    return JSONResponse(merged)
+    return merged
 
 
 def fanout_stream(choices: Sequence[Choice], send_timeout_s: float | None,

@@ -298,7 +298,7 @@ class ServedModel:
             raise
         if prepared[0].head.options.is_stream:
             return fanout_stream(choices, self.send_timeout_s, lambda: self._is_dropping)
-        return await fanout_json(choices, receive)
+        return await fanout_json(choices, receive, self.send_timeout_s, lambda: self._is_dropping)
 
     def _check_serving(self) -> None:
         """Refuses a request the server will not run: past the drain deadline, or with the model
