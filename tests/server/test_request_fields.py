@@ -138,6 +138,18 @@ def test_top_p_zero_keeps_only_the_most_probable_token(runner, client):
     assert completion.choices[0].text == text(runner, client, max_tokens=6).choices[0].text
 
 
+def test_vllm_s_top_k_minus_one_keeps_every_token_as_zero_does(runner, client):
+    """vLLM's "consider all tokens" (its default, which clients written for it send) was a 400."""
+    def sampled(top_k: int) -> list[str]:
+        return contents(chat(runner, client, max_tokens=6, n=2, temperature=1.5, seed=7, extra_body={"top_k": top_k}))
+
+    assert sampled(-1) == sampled(0) != sampled(1)
+    text_fields = {"max_tokens": 6, "temperature": 1.5, "seed": 7}
+    assert text(runner, client, **text_fields, extra_body={"top_k": -1}).choices[0].text == \
+        text(runner, client, **text_fields, extra_body={"top_k": 0}).choices[0].text
+    assert refused(runner, lambda **f: chat(runner, client, **f), extra_body={"top_k": -2})["param"] == "top_k"
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"temperature": 2.01}, "temperature"),
     ({"temperature": -0.1}, "temperature"),

@@ -104,6 +104,12 @@ def _integral_number(value: Any) -> Any:
 StrictInt = Annotated[int, BeforeValidator(_integral_number)]
 
 
+def _top_k_off(value: int | None) -> int | None:
+    """vLLM's ``top_k: -1`` ("consider all tokens", its default, which clients written for it send) as
+    ``0``, Helios's spelling of the same: an explicit value that turns top-k off, not the core's default."""
+    return 0 if value == -1 else value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -291,7 +297,8 @@ class _SamplingFields(_Strict):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0,
                                 description="Nucleus sampling; 0 keeps only the most probable token")
-    top_k: StrictInt | None = Field(default=None, ge=0)
+    top_k: Annotated[StrictInt | None, AfterValidator(_top_k_off)] = Field(
+        default=None, ge=-1, description="Keep the k most probable tokens; 0, or vLLM's -1, keeps every token")
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
