@@ -313,6 +313,28 @@ def test_finished_response_keeps_its_permit_until_the_reader_releases_it(runner,
     assert json.loads(events[-2][1])["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", chat_body(max_tokens=4, n=2, temperature=0)),
+    ("/v1/completions", {"model": SERVED_ID, "prompt": ["hello", "world"], "max_tokens": 4, "temperature": 0}),
+])
+def test_a_json_body_of_several_choices_keeps_their_permits_until_the_reader_releases_it(runner, app, served, path,
+                                                                                        body):
+    """Every choice's permit was given back before the merged body was written: a reader that did
+    not take it held an unbounded body outside admission (and no send deadline applied)."""
+    async def scenario():
+        call = AsgiCall(app, path, body, pause_after=1)
+        await call.paused.wait()
+        await eventually(lambda: served.stats().active_requests == 0)
+        assert served.admission.in_use == 2
+        call.resume()
+        await call.task
+        assert served.admission.in_use == 0
+        return call
+
+    call = runner.run(scenario())
+    assert call.status == 200 and [c["index"] for c in json.loads(call.body)["choices"]] == [0, 1]
+
+
 def test_paused_reader_does_not_hold_back_other_responses(runner, app, served):
     async def scenario():
         paused = AsgiCall(app, "/v1/chat/completions", chat_body(max_tokens=40, stream=True), pause_after=2)
@@ -372,6 +394,20 @@ def test_requests_never_consult_opentelemetry(runner, app, monkeypatch):
         monkeypatch.setattr(module, name, consulted)
     assert runner.run(get(app, "/health")).json() == {"status": "ok"}
     assert runner.run(get(app, "/v1/models")).status_code == 200
+
+
+def test_a_model_s_own_route_counts_as_the_models_endpoint(runner, app, served):
+    """``GET /v1/models/{id}`` was counted as ``other``, beside unknown paths."""
+    def count(endpoint: str, status: int) -> float:
+        return served.metrics.registry.get_sample_value(
+            "helios_http_responses_total", {"endpoint": endpoint, "status": str(status)}) or 0.0
+
+    before = {key: count(*key) for key in (("models", 200), ("models", 404), ("other", 404))}
+    assert runner.run(get(app, f"/v1/models/{SERVED_ID}")).status_code == 200
+    assert runner.run(get(app, "/v1/models/other")).status_code == 404
+    assert runner.run(get(app, "/v1/modelsx")).status_code == 404
+    assert {key: count(*key) - value for key, value in before.items()} == {
+        ("models", 200): 1, ("models", 404): 1, ("other", 404): 1}
 
 
 def test_models_health_and_metrics(runner, app, served):

@@ -59,6 +59,7 @@ ENDPOINTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/models": "models",
+    "/v1/models/": "models",  # a prefix (its key ends in "/"): /v1/models/{id}
     "/health": "health",
     "/metrics": "metrics",
 }

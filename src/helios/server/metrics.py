@@ -105,8 +105,9 @@ class ServerMetrics:
 
 class ResponseCounter:
     """ASGI middleware counting HTTP responses by endpoint and status, one per request, the status
-    the access log writes (`helios.server.access`). Paths outside `endpoints` (a fixed path -> label
-    map) count as "other", so labels stay a small fixed set. A request whose client went away before
+    the access log writes (`helios.server.access`). `endpoints` maps fixed paths to labels; a key
+    ending in "/" maps every path under it (a route with a path parameter, ``/v1/models/{id}``).
+    Other paths count as "other", so labels stay a small fixed set. A request whose client went away before
     its response started (it disconnected while its answer was computed, or the response's first
     write failed: found the client gone, or timed out) counts as 499, whether or not the application
     then answered. One the application raised for before its response started (other than
@@ -117,12 +118,19 @@ class ResponseCounter:
         self.app = app
         self._counter = counter
         self._endpoints = endpoints
+        self._prefixes = tuple((path, label) for path, label in endpoints.items() if path.endswith("/"))
+
+    def _endpoint(self, path: str) -> str:
+        label = self._endpoints.get(path)
+        if label is None:
+            label = next((name for prefix, name in self._prefixes if path.startswith(prefix)), "other")
+        return label
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        endpoint = self._endpoints.get(scope["path"], "other")
+        endpoint = self._endpoint(scope["path"])
         is_client_gone = is_counted = False
 
         def count(status: int) -> None:
