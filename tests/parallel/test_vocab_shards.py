@@ -12,7 +12,7 @@ from helios.abi.fused import reference_add_rms_norm
 from helios.abi.reduce_norm import GroupResidualNorm
 from helios.abi.registry import AbiArgumentError
 from helios.abi.sampling import SampleVariant, sample_reference
-from helios.abi.token_logprobs import logprobs_reference
+from helios.abi.token_logprobs import MAX_TOP, logprobs_reference
 from helios.abi.vocab_shards import ShardedSampling
 
 from support.shard_sampling import RANKS, ROWS, SHARD, VOCAB, residual_inputs, row_inputs, shard_of
@@ -85,6 +85,34 @@ def test_sharded_logprobs_agree_with_the_whole_vocabulary():
         assert torch.equal(mine_chosen.isinf(), chosen.isinf())
         assert torch.allclose(mine_top, top, atol=1e-6, rtol=0)
         assert torch.equal(mine_top.isinf(), top.isinf())
+
+
+def test_sharded_logprobs_take_more_alternatives_than_a_shard_holds():
+    """A program returns `MAX_TOP` alternatives whenever the vocabulary holds them, however few
+    columns a rank's shard has (29 ids on 2 ranks: shards of 15, the last padded): a core of such
+    a vocabulary failed to prepare (the op refused 20 alternatives from a shard of 15). Rows that
+    allow fewer tokens than asked fill with -inf in id order, as the whole row does."""
+    vocab, num_top = 29, MAX_TOP
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(3)) * 3
+    penalties = torch.tensor([[1.0, 0.0, 0.0], [1.2, 0.3, 0.1], [1.0, 0.0, 0.0]])
+    counts = torch.randint(0, 3, (2, 3, vocab), generator=torch.Generator().manual_seed(4), dtype=torch.int32)
+    grammar_mask = torch.full((3, 1), -1, dtype=torch.int32)
+    grammar_mask[2] = 0x00030F01  # 7 allowed ids, on both shards: 13 alternatives are -inf
+    args = (penalties, counts[0], counts[1], grammar_mask, torch.ones(3, dtype=torch.bool))
+    tokens = torch.tensor([4, 20, 16])
+    chosen, top_ids, top = logprobs_reference(logits, tokens, *args, num_top)
+
+    def work(rank, group):
+        shard, start = shard_of(logits, rank)
+        return ShardedSampling(group).token_logprobs(shard, start, vocab, tokens, *args, num_top, RANKS)
+
+    for result in on_ranks(work):
+        assert isinstance(result, tuple), result
+        mine_chosen, mine_ids, mine_top = result
+        assert torch.equal(mine_ids, top_ids)
+        assert torch.allclose(mine_chosen, chosen, atol=1e-6, rtol=0)
+        assert torch.allclose(mine_top, top, atol=1e-6, rtol=0) and torch.equal(mine_top.isinf(), top.isinf())
+    assert top[2].isinf().sum() == num_top - 7
 
 
 def test_sharded_ops_refuse_bad_inputs_and_run_only_bound():

@@ -15,7 +15,7 @@ Tensor prompt_counts, Tensor output_counts, Tensor grammar_mask, Tensor mask_row
 ``helios::token_logprobs_vocab_shard(Tensor logits, Tensor vocab_start, int vocab_size, Tensor tokens,
 Tensor penalties, Tensor prompt_counts, Tensor output_counts, Tensor grammar_mask, Tensor mask_rows,
 int num_top, int ranks) -> (Tensor, Tensor, Tensor)``
-    ``helios::token_logprobs`` of the whole row (num_top <= S).
+    ``helios::token_logprobs`` of the whole row (num_top up to min(MAX_TOP, V), wider than a shard too).
 
 How (`ShardedSampling`, what a program's calls are bound to with its rank group, like the
 collectives of `helios.abi.collectives`):
@@ -107,8 +107,9 @@ def check_logprobs_shard_args(logits, vocab_start, vocab_size, tokens, penalties
                               num_top, ranks) -> tuple[int, int]:
     rows, shard = _check_shard(_LOGPROBS, logits, vocab_start, vocab_size, ranks)
     check_mask_args(_LOGPROBS, _whole_shaped(logits, vocab_size), grammar_mask, mask_rows)
-    if isinstance(num_top, bool) or not isinstance(num_top, int) or not 0 <= num_top <= min(MAX_TOP, shard):
-        raise AbiArgumentError(f"{_LOGPROBS}: num_top must lie in [0, {min(MAX_TOP, shard)}], got {num_top!r}")
+    # As ``helios::token_logprobs`` over the whole row: a shard narrower than `num_top` gives all its columns.
+    if isinstance(num_top, bool) or not isinstance(num_top, int) or not 0 <= num_top <= min(MAX_TOP, vocab_size):
+        raise AbiArgumentError(f"{_LOGPROBS}: num_top must lie in [0, {min(MAX_TOP, vocab_size)}], got {num_top!r}")
     check_tensor(_LOGPROBS, "tokens", tokens, torch.int64, (rows,))
     check_tensor(_LOGPROBS, "penalties", penalties, torch.float32, (rows, NUM_PENALTIES))
     for name, tensor in zip(("prompt_counts", "output_counts"), counts):
@@ -263,8 +264,9 @@ def _merged_logprobs(group: RankGroup, values, ids, tokens, num_top: int):
     """(chosen, top_ids, top_logprobs) of the whole row (module docstring): the row's maximum, then
     its sum of exp(value - maximum), each over the ranks, give each rank its columns'
     log-probabilities as ``log_softmax`` forms them, (value - maximum) - log(sum); then the ranks'
-    best (log-probability, id) pairs and the chosen token's are merged."""
-    rows = values.shape[0]
+    best (log-probability, id) pairs and the chosen token's are merged. Each rank offers its best
+    min(num_top, S) pairs: the ranks' S columns together hold the vocabulary, so at least `num_top`."""
+    rows, offered = values.shape[0], min(num_top, values.shape[1])
     peak = _gather(group, values.amax(dim=-1)).amax(dim=0)
     has_candidate = peak > _NEG_INF
     shifted = values - torch.where(has_candidate, peak, 0.0).unsqueeze(-1)
@@ -274,10 +276,10 @@ def _merged_logprobs(group: RankGroup, values, ids, tokens, num_top: int):
     column = torch.where(holds, tokens - ids[0], 0).unsqueeze(-1)
     chosen = torch.where(holds, logprobs.gather(1, column).squeeze(-1), _NEG_INF)
     top, top_index = torch.sort(logprobs, dim=-1, descending=True, stable=True)
-    local = torch.cat((chosen.unsqueeze(-1), top[:, :num_top], ids[top_index[:, :num_top]].to(torch.float64)), dim=-1)
+    local = torch.cat((chosen.unsqueeze(-1), top[:, :offered], ids[top_index[:, :offered]].to(torch.float64)), dim=-1)
     out = _gather(group, local)
-    candidates = out[..., 1:1 + num_top].permute(1, 0, 2).reshape(rows, -1)  # rank-major: ids ascending on ties
-    candidate_ids = out[..., 1 + num_top:].permute(1, 0, 2).reshape(rows, -1).to(torch.int64)
+    candidates = out[..., 1:1 + offered].permute(1, 0, 2).reshape(rows, -1)  # rank-major: ids ascending on ties
+    candidate_ids = out[..., 1 + offered:].permute(1, 0, 2).reshape(rows, -1).to(torch.int64)
     order = torch.sort(candidates, dim=-1, descending=True, stable=True).indices[:, :num_top]
     chosen = torch.where(tokens >= 0, out[..., 0].amax(dim=0), _NEG_INF)
     return chosen.to(torch.float32), candidate_ids.gather(1, order), candidates.gather(1, order).to(torch.float32)
