@@ -170,6 +170,20 @@ def test_joining_a_listener_that_never_answers_ends_at_the_timeout():
             Rendezvous.join(f"127.0.0.1:{listener.getsockname()[1]}", timedelta(seconds=1))
 
 
+def test_a_joiner_whose_rank_zero_went_away_gets_a_missing_rank_error():
+    """Rank zero's store gone (its process died) after a peer read the launch: taking a rank number
+    and claiming it are a `MissingRankError` (`helios rank` exits 8: rank zero is gone), not the
+    store's own DistNetworkError (exit 1, with torch's text), as every other call of a joiner."""
+    zero = Rendezvous.serve("127.0.0.1", 0, timedelta(seconds=10))
+    zero.publish(_launch())
+    peer = Rendezvous.join(zero.address, timedelta(seconds=10))
+    assert peer.read_launch(timedelta(seconds=10)) == _launch()
+    del zero  # the store's only reference: its server closes every connection
+    for take in (lambda: peer.next_remote_rank(1), lambda: peer.claim(1)):
+        with pytest.raises(MissingRankError, match="rank zero at .* went away"):
+            take()
+
+
 _STORE_SERVER = """
 import sys, time
 from datetime import timedelta

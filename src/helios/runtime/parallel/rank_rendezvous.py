@@ -291,6 +291,14 @@ class Rendezvous:
         return Rendezvous(store, self.device_host, self.address)
 
     def _call(self, call, what: str):
+        """`_bounded_call`, where a broken connection (rank zero is gone) is a `MissingRankError`
+        as a silent rank zero is, not the store's own DistNetworkError (`helios rank` exits 8, not 1)."""
+        try:
+            return self._bounded_call(call, what)
+        except RuntimeError as error:
+            raise MissingRankError(f"rank zero at {self.address} went away ({what}): {_first_line(error)}") from error
+
+    def _bounded_call(self, call, what: str):
         """`call()` (a store call), bounded by `call_timeout_s` for a joiner."""
         if self.call_timeout_s is None:
             return call()
@@ -326,11 +334,11 @@ class Rendezvous:
         """The value of `key` once rank zero set it, polled in short slices up to `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         try:
-            while not self._call(lambda: self.store.check([key]), key):
+            while not self._bounded_call(lambda: self.store.check([key]), key):
                 if time.monotonic() >= deadline:
                     raise MissingRankError(f"rank zero at {self.address} {missing} within {timeout_s:g} s")
                 time.sleep(_POLL_S)
-            return self._call(lambda: self.store.get(key), key)
+            return self._bounded_call(lambda: self.store.get(key), key)
         except RuntimeError as error:  # the store's connection broke: rank zero is gone
             raise MissingRankError(f"rank zero at {self.address} {missing}: it went away "
                                    f"({_first_line(error)})") from error
