@@ -14,9 +14,12 @@ Spellings served (all from `JsonCallSyntax` data, none keyed by model identity):
 Answer text is released as soon as it cannot start the opener; a block is parsed when its closer
 arrives (or at the end of output when it has none), so arguments are emitted whole, once per call.
 Recovery (never raising from ``feed``): a block that does not parse is answer text with
-`MALFORMED_CALL`; calls naming unregistered functions are dropped with `UNKNOWN_TOOL` (the block is
-answer text when no call remains); output ending inside a block that has a closer parses what is
-there with `UNTERMINATED_CALL` (calls then end with ``complete=False``).
+`MALFORMED_CALL`; so is a block whose body starts with text no call starts with (not JSON, or not
+the invocation opener), decided at that text's first character: the opener was prose ("I will use
+<tool_call> tags"), and an opener in the answer text after it opens the real block. Calls naming
+unregistered functions are dropped with `UNKNOWN_TOOL` (the block is answer text when no call
+remains); output ending inside a block that has a closer parses what is there with
+`UNTERMINATED_CALL` (calls then end with ``complete=False``).
 """
 
 from __future__ import annotations
@@ -170,6 +173,7 @@ class JsonCallParser:
         self._held = ""
         self._held_ws: list[str] = []
         self._block: list[str] | None = None  # body text of an open block
+        self._is_body_started = False  # the open block's body has text that may start a call
         self._block_tail = ""  # the body's last len(closer) - 1 characters: where a closer may start
         self._opaque = False  # a structured answer started: everything is answer text
         self._lead = ""  # whitespace between the answer and the open block's opener
@@ -250,13 +254,17 @@ class JsonCallParser:
         return [ContentDelta(text)] if text else []
 
     def _open_block(self, text: str) -> list[Event]:
-        self._block, self._block_tail = [], ""
+        self._block, self._block_tail, self._is_body_started = [], "", False
         return self._block_text(text)
 
     def _block_text(self, text: str) -> list[Event]:
         """Adds body text to the open block and ends the block at its closer. Only the text where
         a closer may start is searched, so a long block streamed in small pieces costs linear time."""
         self._block.append(text)
+        if not self._is_body_started:
+            prose = self._prose_block()
+            if prose is not None:
+                return prose
         closer = self._syntax.block_close
         if not closer:
             return []
@@ -271,6 +279,29 @@ class JsonCallParser:
         events = self._emit_block(body[:at], closer, unterminated=False)
         rest = body[at + len(closer):]
         return events + (self._content(rest) if rest else [])
+
+    def _prose_block(self) -> list[Event] | None:
+        """Events of an open block whose body starts with text no call starts with: its lead and opener
+        are answer text and its body is answer text again, where a later opener opens a block (the
+        prose that named the opener used to take the real call after it to the closer, all answer
+        text). None while the body may still start a call. Only the body's leading whitespace is
+        scanned again; after its first other character the body is decided."""
+        syntax = self._syntax
+        body = "".join(self._block)
+        if syntax.name_key:
+            rest = body[_skip(body, 0, _SEPARATORS):]
+            may_start, self._is_body_started = not rest or rest[0] in _JSON_STARTS, bool(rest)
+        elif syntax.invoke_open and syntax.invoke_open != syntax.block_open:
+            rest, opener = body[_skip(body, 0):], syntax.invoke_open
+            may_start, self._is_body_started = opener.startswith(rest[: len(opener)]), rest.startswith(opener)
+        else:  # the name follows the opener: no text tells prose apart
+            may_start = self._is_body_started = True
+        if may_start:
+            return None
+        raw = self._lead + syntax.block_open
+        self._lead, self._block = "", None
+        return [ContentDelta(raw), ParseError(ParseErrorKind.MALFORMED_CALL, "text before the first call"),
+                *self._content(body)]
 
     def _emit_block(self, body: str, closer: str, unterminated: bool) -> list[Event]:
         """Events of a complete block: its calls (the block's text is markup), or, when it holds no
