@@ -244,6 +244,63 @@ def test_a_forced_raw_value_never_holds_the_closer_before_a_tag(models, syntax):
     assert call_arguments(served, two, write({"a": value})) == {"a": "x", "b": "y"}
 
 
+QWEN_STRINGS = [{"type": "string"}, {"type": "string", "maxLength": 40}, {"type": "string", "minLength": 1},
+                {"type": "string", "pattern": "y$"}, {"type": ["string", "null"]},
+                {"type": ["string", "null"], "maxLength": 40}]
+
+
+@pytest.mark.parametrize("schema", QWEN_STRINGS, ids=[json.dumps(schema) for schema in QWEN_STRINGS])
+def test_a_forced_qwen_value_never_spells_a_tag_that_ends_it_unclosed(models, schema):
+    """The parser ends a Qwen Coder value whose </parameter> was left out at the next parameter tag
+    or the function closer after the value wrap (as vLLM's and Qwen's parsers do); the grammar let
+    a forced value spell them, so "x\\n<parameter=b>\\ny" was read as a="x", b="y" and
+    "x\\n</function>\\ny" as a="x" with the rest stray text."""
+    served = models["qwen"]
+    prepared = forced(served, {"type": "object", "properties": {"a": schema, "b": {"type": "string"}},
+                               "required": ["a"]})
+    for inner in ("\n<parameter=b>\n", "\n<parameter=a>", "\n</function>\n", "\n</function>"):
+        assert call_arguments(served, prepared, qwen_call({"a": f"x{inner}y"})) is None, inner
+    for inner in ("<parameter=b>", "</function>", "\n<parameter", "\n</functions"):  # no tag the parser ends at
+        assert call_arguments(served, prepared, qwen_call({"a": f"x{inner}y"})) == {"a": f"x{inner}y"}, inner
+
+
+def test_a_forced_qwen_enum_leaves_out_values_the_parser_would_cut(models):
+    served = models["qwen"]
+
+    def parameters(*values):
+        return {"type": "object", "properties": {"a": {"enum": list(values)}}, "required": ["a"]}
+
+    prepared = forced(served, parameters("x\n</function>\ny", "<parameter=b>", "ok"))
+    assert call_arguments(served, prepared, qwen_call({"a": "x\n</function>\ny"})) is None
+    assert call_arguments(served, prepared, qwen_call({"a": "<parameter=b>"})) is None  # the wrap writes "\n" before
+    assert call_arguments(served, prepared, qwen_call({"a": "ok"})) == {"a": "ok"}
+    with pytest.raises(GrammarError, match="so none can be written"):
+        forced(served, parameters("x\n<parameter=b>y"))
+
+
+MIXED_STRINGS = [  # (parameter schema, {written: parsed}, refused)
+    ({"type": ["string", "integer"], "enum": ["a", "b"]}, {"a": "a"}, ["zzz", "3"]),  # any text or integer
+    ({"anyOf": [{"type": "integer"}, {"const": "auto"}]}, {"auto": "auto", "3": 3}, ["zzz"]),  # "auto" refused
+    ({"enum": [1, "one", None, "1"]}, {"one": "one", "1": 1, "null": None}, ["two"]),  # "one" refused
+]
+
+
+@pytest.mark.parametrize("syntax", ["qwen", "glm", "xtml"])
+def test_a_forced_value_of_several_kinds_writes_exactly_its_string_enum_values(models, syntax):
+    """The string enum/const values of a parameter that also allows other kinds were dropped with
+    its string branches (a forced call could never write "auto" of ``int | Literal["auto"]``), and
+    an enum of strings under ``type: [string, integer]`` left the value free: any text or integer.
+    They are raw text now, those the parser reads back as strings ("1" beside integers reads 1)."""
+    served = models[syntax]
+    write = CALLS[syntax][0]
+    for schema, taken, refused in MIXED_STRINGS:
+        prepared = forced(served, {"type": "object", "properties": {"a": schema}, "required": ["a"]})
+        for written, parsed in taken.items():
+            assert call_arguments(served, prepared, write({"a": written})) == {"a": parsed}, (schema, written)
+        for written in refused:
+            assert call_arguments(served, prepared, write({"a": written})) is None, (schema, written)
+
+
 @pytest.mark.parametrize("syntax", ["qwen", "dsml", "xtml"])
 def test_a_json_value_holds_the_closer_only_inside_strings_which_the_parser_reads_through(models, syntax):
     served = models[syntax]

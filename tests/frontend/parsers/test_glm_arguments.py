@@ -61,6 +61,11 @@ CASES = {
         # no call: its text is content (`test_finish_mid_call`)
         Expect("", "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>4</arg_va", errors=(K.UNTERMINATED_CALL,)),
     ),
+    "key_with_surrounding_whitespace": (  # read as " days " (an undeclared string) before; vLLM strips keys
+        UNOPENED, ["<tool_call>get_weather\n<arg_key> days </arg_key>\n<arg_value>3</arg_value>\n"
+                   "<arg_key>\tcity </arg_key><arg_value>Oslo</arg_value>\n</tool_call>"],
+        Expect("", "", (Call("get_weather", {"days": 3, "city": "Oslo"}),)),
+    ),
     "invalid_boolean": (
         UNOPENED, [call("get_weather", ("verbose", "maybe"))],
         Expect("", "", (Call("get_weather", {"verbose": "maybe"}),), (K.INVALID_VALUE,)),

@@ -6,8 +6,10 @@
     </tool_call>
 
 The name is the text after the opener, up to ``name_separator`` (or the first key, or the closer
-of a call without arguments), surrounding whitespace removed. One block is one call; parallel calls
-are consecutive blocks. Values are typed by the request's JSON schema. Recovery rules: `tag_tools`.
+of a call without arguments), surrounding whitespace removed; so is a key's (``<arg_key> city
+</arg_key>`` is ``city``, as vLLM's GLM parser reads it). One block is one call; parallel calls are
+consecutive blocks. Values are typed by the request's JSON schema; a string value is the text as
+written (the template writes it so). Recovery rules: `tag_tools`.
 """
 
 from __future__ import annotations
@@ -28,4 +30,5 @@ def glm_arguments_grammar(syntax: GlmArgumentSyntax) -> ToolGrammar:
         value_open=syntax.value_open,
         value_close=syntax.value_close,
         block_lead=syntax.block_lead,
+        key_is_text=True,
     )

@@ -71,22 +71,6 @@ def _tags(**forms: TagForm | str) -> TagSet:
     return TagSet({k: v if isinstance(v, TagForm) else TagForm(v) for k, v in forms.items() if v})
 
 
-def _unclosed_value_ends(g: ToolGrammar) -> dict[str, TagForm | str]:
-    """The tags that end a value without its closer (``unclosed_value_ends``): those that may follow a
-    value, spelled after the value wrap, since the template writes the wrap before the closer the
-    model left out (a wrap-led tag inside a written value is rare; one elsewhere stays value text)."""
-    if not g.unclosed_value_ends:
-        return {}
-    wrap = g.value_wrap
-    tags: dict[str, TagForm | str] = {
-        "key": TagForm(wrap + g.key_open.prefix, g.key_open.terminators),
-        "end": wrap + (g.invoke_close or g.block_close),
-    }
-    if g.invoke_close:
-        tags["close"] = wrap + g.block_close
-    return tags
-
-
 class TagToolParser:
     """Parses answer text (or a tool frame body) into content and tool-call events.
 
@@ -106,7 +90,7 @@ class TagToolParser:
             _S.NAME: _tags(sep=g.name_separator, key=g.key_open, close=g.block_close, open=g.block_open),
             _S.INVOKE: _tags(key=g.key_open, end=end, close=g.block_close if g.invoke_close else ""),
             _S.KEY: _tags(value=g.value_open, key=g.key_open, end=g.block_close),
-            _S.VALUE: _tags(closer=g.value_close, **_unclosed_value_ends(g)),
+            _S.VALUE: _tags(closer=g.value_close, **g.value_end_tags()),
             _S.REJECT_BLOCK: _tags(close=g.block_close),
             _S.REJECT_PROSE: _tags(close=g.block_close, open=g.block_open),
             _S.REJECT_INVOKE: _tags(close=g.invoke_close or g.block_close),
@@ -403,11 +387,11 @@ class TagToolParser:
             if self._state is _S.KEY:
                 out.append(ParseError(ParseErrorKind.MALFORMED_CALL, f"{call.name}.{self._key}: key without value"))
             self._markup(out, tag_text)
-            self._key = captures[0]
+            self._key = captures[0].strip() if self._g.key_is_text else captures[0]
             if self._g.value_open:
                 self._state = _S.KEY
                 return
-            out.extend(call.start_value(captures[0], *self._value_mode(out, call.name, captures)))
+            out.extend(call.start_value(self._key, *self._value_mode(out, call.name, captures)))
             self._state = _S.VALUE
         else:  # "end": the invocation closer; "close": the block closer with the invocation open
             if self._state is _S.KEY:

@@ -20,7 +20,9 @@ class ToolGrammar:
     the value. ``string_flag`` (true, false): the key tag captures a flag after the key.
     ``max_invocations`` 0: unlimited. ``unclosed_value_ends``: a tag that may follow a value (a key,
     the invocation or block closer) right after ``value_wrap`` inside a value ends the value whose
-    closer was left out (see `tag_tools`).
+    closer was left out (see `tag_tools`). ``key_is_text``: the key is the text between its open and
+    close tags (GLM), read without surrounding whitespace as the inline name is (vLLM's GLM parser
+    strips it too); a key captured inside a tag (``<parameter=K>``, ``name="K"``) is read as written.
     """
 
     block_open: str
@@ -37,6 +39,23 @@ class ToolGrammar:
     block_lead: str = ""
     max_invocations: int = 0
     unclosed_value_ends: bool = False
+    key_is_text: bool = False
+
+    def value_end_tags(self) -> dict[str, TagForm]:
+        """The tags that end a value whose closer was left out (``unclosed_value_ends``; none
+        otherwise), by the parser state label they are read as: those that may follow a value,
+        spelled after the value wrap, since the template writes the wrap before the closer the model
+        left out (a wrap-led tag inside a written value is rare; one elsewhere stays value text). A
+        grammar-written value never spells one's leading text (`grammar_values`): the parser would
+        cut the value there."""
+        if not self.unclosed_value_ends:
+            return {}
+        wrap = self.value_wrap
+        tags = {"key": TagForm(wrap + self.key_open.prefix, self.key_open.terminators),
+                "end": TagForm(wrap + (self.invoke_close or self.block_close))}
+        if self.invoke_close:
+            tags["close"] = TagForm(wrap + self.block_close)
+        return tags
 
 
 class StrayText(enum.Enum):

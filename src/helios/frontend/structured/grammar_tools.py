@@ -207,7 +207,8 @@ class CallGrammar:
         self._rules = rules
         self._g = grammar
         self._spell = speller
-        self._style = ValueStyle(grammar.value_format, grammar.value_wrap, grammar.string_flag)
+        cuts = tuple(tag.prefix for tag in grammar.value_end_tags().values())
+        self._style = ValueStyle(grammar.value_format, grammar.value_wrap, grammar.string_flag, cuts)
         self._json_options = dict(json_options)
         self._values: dict[tuple, ValueGrammar] = {}  # by the JSON options of a tool's values
         self.ws = rules.terminal("ws", WHITESPACE)

@@ -12,9 +12,11 @@ the schema accepts:
   (`grammar_strings.raw_string`; differently bounded alternatives are a 400). Such a value
   never holds the closer's text: a forced value ends at its first closer, as the parser reads it
   (a value the model writes unforced is what the parser reads: `tag_tools`, a closer before other
-  text is value text). XML-escaped, its lengths count decoded characters and its pattern holds for
-  the decoded text (`grammar_escaped`; a pattern that cannot be carried over holds for text without
-  entities, which reads as written). Limits,
+  text is value text). Nor does it spell a tag that ends a value whose closer was left out
+  (`ValueStyle.cuts`: Qwen Coder's parser, as vLLM's, ends a value at a newline and a parameter tag
+  or the function closer), so a forced value is never cut short. XML-escaped, its lengths count
+  decoded characters and its pattern holds for the decoded text (`grammar_escaped`; a pattern that
+  cannot be carried over holds for text without entities, which reads as written). Limits,
   each a 400 naming the tool and parameter rather than a bound silently dropped: ``^``/``$`` only at
   the ends of the pattern or of its top-level alternatives, and minLength/maxLength at most
   ``MAX_COUNTED_LEN`` when the value also has a pattern or a minLength (a maxLength alone has no
@@ -25,7 +27,9 @@ the schema accepts:
   schema allows;
 - any other parameter is a JSON document under its schema (llguidance ``%json``), with string
   branches removed when the parsers would read the text as a raw string instead; scalars are then
-  spelled as the parsers expect them (``3``, ``true``, ``null``);
+  spelled as the parsers expect them (``3``, ``true``, ``null``). Its string ``enum``/``const``
+  values are raw text beside it where the parsers read them back as strings
+  (`mixed_string_literals`: ``anyOf: [{type: integer}, {const: "auto"}]`` writes ``auto``);
 - a syntax whose markup declares JSON (`ValueStyle.flag`: DSML ``string="false"``) writes JSON
   under the whole schema, and raw text under ``string="true"`` for plain string parameters;
 - XML-escaped syntaxes (XTML) write raw strings as escaped text, held to what it decodes to.
@@ -79,7 +83,7 @@ from helios.frontend.structured.grammar_lark import (
 )
 from helios.frontend.parsers.calls import ValueFormat
 from helios.frontend.parsers.schema_refs import SchemaDocument
-from helios.frontend.parsers.values import STRING_ONLY, ValueKind, schema_kinds
+from helios.frontend.parsers.values import STRING_ONLY, TypedValue, ValueKind, dump_json, schema_kinds, typed_value
 
 SAFE_JSON = "helios_safe_json"
 NUMBER_LIMIT = 1e15  # unbounded JSON numbers: |x| <= 1e15, written without an exponent (always finite)
@@ -93,12 +97,15 @@ _TEXT_PATTERN = "^[^<>&]*$"  # escaped text without entities: it reads as many c
 
 @dataclass(frozen=True)
 class ValueStyle:
-    """How one tool syntax writes values: format, wrapping text, and the markup flag that declares
-    a value raw (``flag[0]``) or JSON (``flag[1]``) when the syntax has one."""
+    """How one tool syntax writes values: format, wrapping text, the markup flag that declares
+    a value raw (``flag[0]``) or JSON (``flag[1]``) when the syntax has one, and ``cuts``: texts
+    that end a value before its closer in the parser (`ToolGrammar.value_end_tags`: Qwen Coder's
+    ``<parameter=`` and ``</function>`` after the value wrap), which a raw value must not spell."""
 
     format: ValueFormat = ValueFormat.RAW
     wrap: str = ""
     flag: tuple[str, str] | None = None
+    cuts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -261,6 +268,34 @@ def without_strings(schema: Any, document: SchemaDocument | None = None,
 
 
 NULLABLE_STRING = frozenset({ValueKind.STRING, ValueKind.NULL})
+_STRING_KEYWORDS = ("allOf", "oneOf", "not", "minLength", "maxLength", "pattern", "format")
+
+
+def mixed_string_literals(schema: Any, document: SchemaDocument, kinds: frozenset[ValueKind]) -> tuple[str, ...]:
+    """The string ``enum``/``const`` values of a parameter of several `kinds` (a subschema of
+    ``document``) that the schema allows and the parsers read back as those strings (``"1"`` beside
+    integers reads as 1): the top level's own (its ``$ref`` followed) where its ``type`` allows
+    strings, else those of its ``anyOf`` branches that allow only strings. They are raw text beside
+    the JSON value of the rest (`without_strings`), which cannot spell a string the parsers read as
+    one. Empty where the top level says more about strings (``allOf``, ``oneOf``, string keywords,
+    values beside ``anyOf``): its strings stay unwritten, as every free string of such a parameter is."""
+    top = document.deref(schema)
+    if not isinstance(top, Mapping) or any(key in top for key in _STRING_KEYWORDS):
+        return ()
+    declared = top.get("type", "string")
+    if "string" not in (declared if isinstance(declared, list) else [declared]):
+        return ()
+    branches = top.get("anyOf")
+    if "enum" in top or "const" in top:
+        if branches is not None:
+            return ()
+        candidates = raw_string({k: top[k] for k in ("enum", "const") if k in top}, document).allowed_literals()
+    else:
+        candidates = tuple(text for branch in (branches if isinstance(branches, list) else [])
+                           if schema_kinds(branch, document) == STRING_ONLY
+                           for text in raw_string(branch, document).allowed_literals() or ())
+    return tuple(text for text in dict.fromkeys(candidates or ())
+                 if typed_value(text, kinds) == TypedValue(dump_json(text), True))
 
 
 def without_null_branches(schema: Any, document: SchemaDocument) -> Any:
@@ -294,6 +329,11 @@ class ValueGrammar:
         self._closer = closer
         self._pattern = string_pattern(style, "".join(p.text for p in closer))
         self._options = {**json_options, "lenient": True}
+        # Texts that would cut a raw value short in the parser (an escaped value holds no "<" or ">",
+        # so it cannot spell them). A JSON value holds none either: JSON writes a newline inside a
+        # string as an escape, and its whitespace is followed by no "<".
+        escaped = style.format is ValueFormat.XML_ESCAPED
+        self._cuts = [text_spelling(text) for text in style.cuts if not (escaped and set(text) & set("<>"))]
 
     def value(self, schema: Any, document: SchemaDocument) -> ParameterValue:
         """The value rule of a parameter with ``schema`` (a subschema of the tool's ``document``)."""
@@ -310,9 +350,13 @@ class ValueGrammar:
             null = self._json({"type": "null"}, document)
             return ParameterValue("", self._rules.rule("nullable", f"{text} | {null}"))
         if ValueKind.STRING in kinds:
+            literals = mixed_string_literals(schema, document, kinds)
             schema = without_strings(schema, document)
-            if schema is None:
-                return ParameterValue("", self._string(FREE))
+            if schema is None:  # an enum's other values were left out here: they hold no non-string value
+                return ParameterValue("", self._string(RawString(literals) if literals else FREE))
+            if literals:
+                text = self._string(RawString(literals))
+                return ParameterValue("", self._rules.rule("mixed", f"{self._json(schema, document)} | {text}"))
         return ParameterValue("", self._json(schema, document))
 
     def _string(self, text: RawString, nullable: bool = False) -> str:
@@ -325,17 +369,23 @@ class ValueGrammar:
                                    "pattern allow, so no value can be written")
             if escaped:
                 literals = [escape_text(text) for text in literals]
-            allowed = [t for t in literals if spelled_closer(self._closer) not in t]
+            allowed = [t for t in literals if spelled_closer(self._closer) not in t and not self._is_cut(t)]
             if not allowed:  # the value would be left free: none of the schema's values can be written
+                cuts = "".join(f" or {cut[0].text!r}" for cut in self._cuts)  # tags that would end it early
                 raise GrammarError(f"each of its enum/const values holds the value closer "
-                                   f"{spelled_closer(self._closer)!r}, so none can be written as this value")
+                                   f"{spelled_closer(self._closer)!r}{cuts}, so none can be written as this value")
             return self._literals(allowed)
         if text.bounds != StringBounds():
             return self._bounded(text.bounds, nullable)
         if escaped:
             text = free_text(self._rules, escaped=True)
             return self._rules.rule("string", f"{text}? {closer}")
-        return text_then(self._rules, [self._closer])[0]
+        return text_then(self._rules, [self._closer], avoid=self._cuts)[0]
+
+    def _is_cut(self, text: str) -> bool:
+        """Whether the parser would cut the raw value `text`, wrapped as written, before its end."""
+        wrapped = f"{self._style.wrap}{text}{self._style.wrap}"
+        return any(cut[0].text in wrapped for cut in self._cuts)
 
     def _literals(self, texts: list[str]) -> str:
         """A raw string value that is one of `texts` (none holds the closer), then the closer: one
@@ -375,7 +425,7 @@ class ValueGrammar:
             optional = f"(?:{wrap})?" if wrap else ""
             text = f"{char}{{0,{bounds.max_len}}}"
             text = f"(?:{text}|null)" if nullable else text
-            value = self._rules.rule("bounded", f"/{optional}{text}{optional}{stop}/", "lazy")
+            value = self._rules.rule("bounded", avoiding(f"/{optional}{text}{optional}{stop}/", self._cuts), "lazy")
             return self._rules.rule("string", " ".join(filter(None, (value, lark_of(rest)))))
         low = bounds.min_len if stop or wrap else max(bounds.min_len, 1)  # before a token: absent, not empty
         texts = [f"{char}{{{low},{'' if bounds.max_len is None else bounds.max_len}}}"]
@@ -384,7 +434,7 @@ class ValueGrammar:
         if stop and not escaped:
             conjuncts.append(f"/{not_containing(head.text)}{stop}/")
         joined = " & ".join(conjuncts)
-        lexeme = avoiding(joined, [rest])
+        lexeme = avoiding(joined, [rest, *self._cuts])
         if (lexeme != joined or len(conjuncts) > 1) and max(bounds.min_len, bounds.max_len or 0) > MAX_COUNTED_LEN:
             raise GrammarError(f"minLength or maxLength above {MAX_COUNTED_LEN} cannot be enforced on a raw string "
                                "value together with minLength or a pattern (llguidance's lexer limits)")
