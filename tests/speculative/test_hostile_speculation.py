@@ -1,9 +1,11 @@
 """Speculation under hostile cohorts: served behaviour that the differential tests do not reach.
 
 A SPECULATIVE program narrower than the decode cohort (`helios prepare --speculative-batches`
-below the decode batches): the lanes that get its rows are the first in scheduling order, as for
-every other operation (README's scheduling order: priority, then submission), with their full share
-of its packed capacity; the tokens stay those of plain decoding.
+below the decode batches): it took the first lanes in scheduling order round after round, each until
+it ended, and left the others without a token meanwhile (ten lanes beside two-row programs: the
+last waited for eight whole outputs, and the cohort took about twice plain decoding's steps). Such a
+cohort now decodes plainly, every lane a step; once it fits the program it speculates, its lanes
+with their full share of the packed capacity. The tokens stay those of plain decoding.
 
 Penalties under preemption: a request with presence, frequency or repetition penalties that is
 preempted (recomputed or offloaded) and readmitted keeps counting the outputs it had before, so a
@@ -31,9 +33,9 @@ from .support import eager_model, eager_runtime, truncated
 
 UNUSED = Path("draft-is-given-directly")
 # ten lanes: each program's reservation for the lanes without rows (10 - 1 > P = 4, and > B x W = 8 allocating)
-# once skipped the first ones; one prefill step holds every prompt
+# once skipped the first ones; one prefill step holds every prompt. The first two outlive the rest by far.
 PROMPTS = [[5 + i, 17, 3 * i] for i in range(10)]
-MAX_TOKENS = 12
+MAX_TOKENS = [24, 24] + [8] * 8
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +50,35 @@ def narrow_plan(allocate: bool) -> CapacityPlan:
                         speculative=speculative)
 
 
+def narrow_run(engine) -> list[list[int]]:
+    """Each prompt's tokens (up to its `MAX_TOKENS`)."""
+    tokens: dict[str, list[int]] = {}
+
+    def on_event(event) -> None:
+        if isinstance(event, TokenEvent):
+            tokens.setdefault(event.request_id, []).extend(event.token_ids)
+
+    ids = [f"r{index}" for index in range(len(PROMPTS))]
+    for request_id, prompt, limit in zip(ids, PROMPTS, MAX_TOKENS):
+        engine.submit(EngineRequest(RequestSpec(request_id, tuple(prompt), limit), on_event))
+    engine.run_until_idle()
+    return [tokens[r] for r in ids]
+
+
 @pytest.mark.parametrize("allocate", [False, True], ids=["exact-lengths", "allocating"])
-def test_a_narrow_speculative_program_takes_the_first_lanes_in_scheduling_order(recipe, allocate):
+def test_a_cohort_wider_than_the_speculative_program_decodes_every_lane(recipe, allocate):
     draft = truncated(recipe, 1)
     plain, _ = eager_runtime(eager_model(recipe, draft, narrow_plan(allocate)), SchedulerPolicy(speculative=False))
-    expected = [list(g.token_ids) for g in generate(plain, PROMPTS, MAX_TOKENS)]
+    expected = narrow_run(plain)
     engine, counting = eager_runtime(eager_model(recipe, draft, narrow_plan(allocate)))
     scheduler = engine.scheduler
     rounds = []  # (the round's request ids, the decoding requests' ids in scheduling order, the lanes' ceilings)
+    steps = []  # every decoding step's rows
     launch = engine.executor.launch
 
     def recorded(plan, **kwargs):
+        if plan.operation.name in ("DECODE", "SPECULATIVE"):
+            steps.append(len(plan.rows))
         if plan.operation.name == "SPECULATIVE":  # (one frame: nothing else in flight, prompts all sampled)
             running = (r for r in scheduler.queues.running if r.num_output_tokens > 0)
             decoding = sorted(running, key=lambda r: r.order_key)
@@ -67,23 +87,13 @@ def test_a_narrow_speculative_program_takes_the_first_lanes_in_scheduling_order(
         return launch(plan, **kwargs)
 
     engine.executor.launch = recorded
-    tokens: dict[str, list[int]] = {}
-
-    def on_event(event) -> None:
-        if isinstance(event, TokenEvent):
-            tokens.setdefault(event.request_id, []).extend(event.token_ids)
-
-    ids = [f"r{index}" for index in range(len(PROMPTS))]
-    for request_id, prompt in zip(ids, PROMPTS):
-        engine.submit(EngineRequest(RequestSpec(request_id, tuple(prompt), MAX_TOKENS), on_event))
-    engine.run_until_idle()
-    assert [tokens[r] for r in ids] == expected
+    assert narrow_run(engine) == expected
     assert rounds and counting.accepted > 0
-    _, first_decoding, first_ceilings = rounds[0]
-    assert len(first_decoding) == len(PROMPTS)  # the whole cohort decodes, two lanes a round
+    assert steps[0] == len(PROMPTS)  # the whole cohort decodes at once, plainly
+    for lanes, decoding, _ in rounds:  # a round leaves no decoding lane without a row
+        assert lanes == decoding, (lanes, decoding)
+    _, _, first_ceilings = rounds[0]
     assert sum(first_ceilings) >= 4  # P = 4: the packed capacity is the lanes', none kept for lanes without rows
-    for lanes, decoding, _ in rounds:
-        assert lanes == decoding[:2], (lanes, decoding)
 
 
 PENALISED = SamplingParams(presence_penalty=0.8, frequency_penalty=0.3, repetition_penalty=1.2)

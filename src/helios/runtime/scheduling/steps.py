@@ -5,7 +5,9 @@
   only prompts (or recomputation) remain; MIXED when both (without a MIXED program, prompt and
   decode steps alternate); SCORED_PREFILL for prompts that need scores (alternating with the
   rest); SPECULATIVE instead of DECODE when loaded and enabled, unless a running request asks for
-  log-probabilities (the executor runs DECODE's token-logprobs variant for it) or has a logit bias;
+  log-probabilities (the executor runs DECODE's token-logprobs variant for it), has a logit bias, or
+  the decoding lanes outnumber the widest SPECULATIVE program's rows (and instead of a MIXED step
+  whose waiting head could not be admitted, which holds decoding lanes alone);
 - the lanes, in scheduling order (priority, then submission), within the program's row and
   packed-token capacities and the prefill extent; a prompt longer than what is left of the
   extent is chunked, and one token stays reserved for every later decoding lane;
@@ -107,6 +109,7 @@ class StepBuilder:
         self.last_operation = Operation.UNSPECIFIED
         self.num_preemptions = 0
         self.steady = True  # compose steady decode steps directly (`steady`); False: always the general path
+        self._speculative_rows = caps.limits(Operation.SPECULATIVE)[0]  # the widest SPECULATIVE program's
 
     # -- fresh steps (no plan in flight) -------------------------------------------------------
 
@@ -124,6 +127,8 @@ class StepBuilder:
             self._fill(draft, operation, lanes)
             if not draft.rows and operation not in DECODING_OPS:
                 self._fill_instead(draft, operation, lanes)
+            elif operation == Operation.MIXED and self._speculates_instead(draft):
+                self._refill_speculative(draft)
         if not draft.rows:
             draft.operation = Operation.UNSPECIFIED
             return draft if draft.copies else None
@@ -176,10 +181,47 @@ class StepBuilder:
             if operation != tried and kinds & _TAKES[operation] and not draft.rows:
                 self._fill(draft, operation, self._classify())
 
+    def _speculates_instead(self, draft: Draft) -> bool:
+        """Whether a filled MIXED step holds decoding lanes alone (its waiting head could not be
+        admitted: too few pages, or it waits for a running source) on a core that would speculate
+        for them: `_finalize` would run it as a plain DECODE step, one token a lane, for as long as
+        the head stays blocked (until a running request ends, when pages are short). A step that
+        preempted keeps its rows (the victim's pages went to them), and so does one that admitted a
+        slot (a prompt of one token left to compute is such a row too)."""
+        return (bool(draft.rows) and not draft.preempted
+                and all(row.query_len == 1 and row.samples and not row.admits for row in draft.rows)
+                and self._decode_operation() is Operation.SPECULATIVE)
+
+    def _refill_speculative(self, draft: Draft) -> None:
+        """Undo the MIXED rows' counters (`_add_row`) and fill the step as SPECULATIVE. The pages
+        they grew stay (a speculative lane grows at least as far), and so do the copies and fences
+        of prompt checkpoints their rows requested: they run before the program either way."""
+        for row, req in zip(draft.rows, draft.requests):
+            req.num_inflight_tokens -= row.query_len
+            req.num_pending_samples -= row.samples
+            req.num_uploaded_pages = row.page_table_start
+        draft.rows.clear()
+        draft.requests.clear()
+        draft.scheduled.clear()
+        draft.num_tokens = 0
+        self._fill(draft, Operation.SPECULATIVE, self._classify())
+
     def _decode_operation(self) -> Operation:
-        if self.policy.speculative and self.caps.has(Operation.SPECULATIVE) and not self._needs_plain_sampling():
+        if (self.policy.speculative and self.caps.has(Operation.SPECULATIVE) and not self._needs_plain_sampling()
+                and self._speculation_holds_cohort()):
             return Operation.SPECULATIVE
         return Operation.DECODE if self.caps.has(Operation.DECODE) else Operation.MIXED
+
+    def _speculation_holds_cohort(self) -> bool:
+        """Whether the widest SPECULATIVE program holds every decoding lane. One narrower than the
+        cohort (`--speculative-batches` below the decode batches) would take the same first lanes in
+        scheduling order round after round, each until it ends, and leave the others without a token
+        meanwhile (eight lanes beside two-row programs took 43 decoding steps, plain decoding 22): such a
+        cohort decodes plainly, every lane a step, and speculates again once it fits."""
+        rows = self._speculative_rows
+        if rows >= self.caps.max_active or not self.caps.has(Operation.DECODE):
+            return True
+        return sum(req.num_tokens_ahead == 1 and not is_scoring(req) for req in self.queues.running) <= rows
 
     def _needs_plain_sampling(self) -> bool:
         """A running request asks for log-probabilities or has a logit bias (speculative programs
@@ -219,8 +261,9 @@ class StepBuilder:
             else:
                 want = self.cache.until_boundary(req, req.frontier, ahead)
             # one token for each later decoding lane that can still get a row: a SPECULATIVE program
-            # narrower than the cohort (`--speculative-batches`) leaves the others for a later step,
-            # and reserving for them would skip the lanes first in scheduling order
+            # narrower than the cohort (`--speculative-batches`, on a core without DECODE programs:
+            # `_speculation_holds_cohort`) leaves the others for a later step, and reserving for them
+            # would skip the lanes first in scheduling order
             reserved = min(num_decoders, max_rows - len(draft.rows) - 1)
             room = max_tokens - draft.num_tokens - reserved
             if room > 0:
