@@ -142,6 +142,26 @@ def test_json_media_types_are_read_as_json(app, content_type):
     assert response.status_code == 400, response.text  # a schema violation is still a 400
 
 
+@pytest.mark.parametrize("content_type", ["application/json;charset=UTF-8", 'application/json; charset="utf-8"',
+                                          "application/json; charset=utf8", "application/vnd.api+json; charset=utf-8"])
+def test_a_utf8_charset_is_read_as_json(app, content_type):
+    response = call(app, "POST", "/v1/chat/completions", chat(max_tokens=1), content_type=content_type)
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(("charset", "encoding"), [("latin-1", "latin-1"), ("ISO-8859-1", "latin-1"),
+                                                   ('"utf-16"', "utf-16"), ("utf-32", "utf-32")])
+def test_a_body_labelled_with_another_charset_is_415_naming_it(app, charset, encoding):
+    # "Ã©" in latin-1 is the bytes C3 A9, valid UTF-8 for "é": read as UTF-8 regardless, it was served as other text.
+    text = json.dumps(chat(max_tokens=1, messages=[{"role": "user", "content": "Ã©"}]), ensure_ascii=False)
+    response = call(app, "POST", "/v1/chat/completions", text.encode(encoding),
+                    content_type=f"application/json; charset={charset}")
+    assert response.status_code == 415, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == 415
+    assert f"names charset {charset.strip(chr(34))!r}" in error["message"] and "UTF-8" in error["message"]
+
+
 def test_a_body_of_many_errors_describes_four_and_counts_the_rest(app):
     error = error_of(call(app, "POST", "/v1/completions", {"model": SERVED_ID, "prompt": [-1] * 20_000}))
     message = error["message"]

@@ -16,6 +16,10 @@ itself, with an OpenAI-style error body, when the body
   framing), which the server does not decode: 415 `UnsupportedContentEncoding`, with
   ``Accept-Encoding: identity`` (read, then answered, as above; a compressed body was refused as
   invalid UTF-8 or JSON, and a plain one labelled compressed was served);
+- is sent with a JSON Content-Type whose ``charset`` parameter names another encoding than UTF-8
+  (``latin-1``, ``utf-16``): 415 `UnsupportedCharset` naming it (JSON over HTTP is UTF-8, RFC 8259
+  8.1; read as UTF-8 regardless, a latin-1 body whose bytes happen to be valid UTF-8 was silently
+  read as other text: ``Ã©`` as ``é``);
 - is not strict UTF-8 (invalid bytes, UTF-8-encoded surrogates) or starts with a byte-order mark:
   400 `MalformedBody`;
 - is not strict JSON: ``NaN``/``Infinity`` literals, numbers beyond the float range (``1e999``,
@@ -166,6 +170,28 @@ def is_json_media_type(content_type: str | None) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
+class UnsupportedCharset(RequestError):
+    """A JSON body labelled with a ``charset`` other than UTF-8: JSON over HTTP is UTF-8 (RFC 8259
+    8.1), and the server reads no other. HTTP 415."""
+
+    http_status = 415
+
+    def __init__(self, charset: str):
+        super().__init__(f"the request body must be UTF-8 JSON (this request's Content-Type names charset "
+                         f"{clipped(charset)!r}); send it as UTF-8, with charset=utf-8 or no charset")
+
+
+def non_utf8_charset(content_type: str | None) -> str | None:
+    """The first ``charset`` parameter of a Content-Type that names another encoding than UTF-8
+    (``UTF-8``, ``utf8``, quoted or not, are UTF-8), or None where there is none such."""
+    for parameter in (content_type or "").split(";")[1:]:
+        name, _, value = parameter.partition("=")
+        value = value.strip().strip('"').strip()
+        if name.strip().lower() == "charset" and value.lower().replace("-", "").replace("_", "") != "utf8":
+            return value
+    return None
+
+
 class UnsupportedContentEncoding(RequestError):
     """A body sent in a coding the server does not decode: a ``Content-Encoding`` other than
     ``identity``, a ``Transfer-Encoding`` other than ``chunked`` (HTTP 415, answered with
@@ -223,6 +249,8 @@ class BodyGuard:
                 content_type = content_type_of(scope)
                 if not is_json_media_type(content_type):
                     raise UnsupportedMediaType(content_type)  # read first: a body left unread resets the connection
+                if (charset := non_utf8_charset(content_type)) is not None:
+                    raise UnsupportedCharset(charset)
                 check_body_codings(scope)
                 scope[PARSED_BODY_KEY] = await _parsed(body)
         except RequestError as error:
