@@ -84,6 +84,41 @@ def test_a_preparation_past_the_time_bound_fails_and_keeps_its_slot_until_it_end
     gate.close()
 
 
+def test_a_request_cancelled_while_preparing_keeps_its_slots_until_the_preparation_ends():
+    """The waiting request goes away (its client disconnected) while its compile runs in the pool: the
+    thread cannot be stopped, so its compile and preparation slots stay held until it ends (released
+    at the cancellation, one more compile ran than the limit allows)."""
+    gate = PreparationGate(PreparationPool(3), frontend_workers=2)  # one compile slot
+    started, release = threading.Event(), threading.Event()
+    lock, running, peak = threading.Lock(), 0, 0
+
+    def compile_grammar(first: bool):
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        if first:
+            started.set()
+            release.wait(5)
+        with lock:
+            running -= 1
+        return "compiled"
+
+    async def main():
+        first = asyncio.ensure_future(gate.run(compile_grammar, True, compiles=True))
+        await asyncio.to_thread(started.wait, 5)
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        second = asyncio.ensure_future(gate.run(compile_grammar, False, compiles=True))
+        await asyncio.wait({second}, timeout=0.2)  # admitted at once where the slot was freed early
+        release.set()
+        return await asyncio.wait_for(second, 2)
+
+    assert asyncio.run(main()) == "compiled"
+    assert peak == 1
+    gate.close()
+
+
 def test_preparation_errors_reach_the_request():
     gate = PreparationGate(PreparationPool(1), frontend_workers=1)
 
@@ -93,3 +128,19 @@ def test_preparation_errors_reach_the_request():
     with pytest.raises(ValueError, match="bad"):
         asyncio.run(gate.run(failing, compiles=False))
     gate.close()
+
+
+def test_a_preparation_raising_stopiteration_fails_its_request_at_once_and_frees_its_slot():
+    """An asyncio future refuses StopIteration (a bare next() on an empty iterator in preparation
+    code): the request waited for the time bound, failed as a slow grammar, and the slot leaked."""
+    gate = PreparationGate(PreparationPool(1), frontend_workers=1, timeout_s=30)
+
+    async def main():
+        with pytest.raises(RuntimeError, match="StopIteration") as raised:
+            await asyncio.wait_for(gate.run(lambda: next(iter(())), compiles=False), 10)
+        assert isinstance(raised.value.__cause__, StopIteration)
+        return await asyncio.wait_for(gate.run(lambda: "next", compiles=False), 10)
+
+    assert asyncio.run(main()) == "next"
+    gate.close()
+

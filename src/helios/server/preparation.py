@@ -12,7 +12,8 @@ tools) first waits for one of `frontend_workers - 1` compile slots (at least one
 never hold every preparation slot and plain requests keep being prepared. A preparation that runs
 longer than `timeout_s` fails its request with `PreparationTimeout` (HTTP 400); the thread cannot
 be stopped from outside, so its slots stay held until it ends (a flood of slow grammars waits for
-slots rather than piling up threads). The chat-template render stops itself: its CPU-time bound
+slots rather than piling up threads); so do those of a preparation whose request was cancelled
+(its client went away) while it ran. The chat-template render stops itself: its CPU-time bound
 (`helios.frontend.preparation.template.SERVING_BOUNDS`) ends a runaway render after a few seconds
 of CPU time, whether or not its request timed out first.
 """
@@ -72,6 +73,11 @@ def _work(jobs: queue.SimpleQueue) -> None:
         loop, future, call, args = job
         try:
             outcome, is_error = call(*args), False
+        except StopIteration as error:
+            # A future refuses StopIteration (asyncio raises TypeError in `_settle`): the request waited
+            # for its time bound, was blamed as a slow grammar, and its slots were never freed.
+            outcome, is_error = RuntimeError(f"preparation raised StopIteration: {error}"), True
+            outcome.__cause__ = error
         except BaseException as error:  # noqa: BLE001 - handed to the waiting request
             outcome, is_error = error, True
         try:
@@ -110,15 +116,18 @@ class PreparationGate:
             self._compile_slots = asyncio.Semaphore(self._num_compile_slots)
         held = [self._compile_slots] if compiles else []
         held.append(self._slots)
-        acquired = []
+        acquired, future = [], None
         try:
             for semaphore in held:
                 await semaphore.acquire()
                 acquired.append(semaphore)
             future = self._pool.submit(call, *args)
             done, _ = await asyncio.wait({future}, timeout=self._timeout_s)
-        except BaseException:
-            _release(acquired)
+        except BaseException:  # cancelled (the client went away): a submitted call still runs, holding its slots
+            if future is None:
+                _release(acquired)
+            else:
+                future.add_done_callback(lambda late: _release_late(acquired, late))
             raise
         if not done:
             future.add_done_callback(lambda late: _release_late(acquired, late))
@@ -130,8 +139,8 @@ class PreparationGate:
 
 
 def _release_late(semaphores: list, future: asyncio.Future) -> None:
-    """Frees the slots of a preparation that ended after its request timed out; its outcome has
-    no reader left (retrieving it keeps asyncio from logging "exception was never retrieved")."""
+    """Frees the slots of a preparation that ended after its request timed out or was cancelled; its
+    outcome has no reader left (retrieving it keeps asyncio from logging "exception was never retrieved")."""
     _release(semaphores)
     if not future.cancelled():
         future.exception()
