@@ -349,7 +349,9 @@ class ChatCompletionRequest(_SamplingFields):
         description="Most probable alternatives per output token, 0-20 (a nonzero value needs logprobs: true)")
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = Field(
         default=None, description="Sets the family's thinking switch (the chat template argument "
-        "enable_thinking) where it has one: none turns thinking off, any other value on")
+        "enable_thinking, or DeepSeek-V3.1's thinking) where it has one: none turns thinking off, any other value "
+        "on (a contradicting chat_template_kwargs switch is a 400); a template that grades reasoning itself "
+        "(gpt-oss) takes low, medium or high only")
     safety_identifier: StrictStr | None = Field(default=None, max_length=256,
                                                 description="An end-user id (as user); changes nothing in the response")
     prompt_cache_key: StrictStr | None = Field(
