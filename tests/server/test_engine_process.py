@@ -240,6 +240,49 @@ def test_an_engine_process_still_loading_at_the_startup_timeout_is_reported_as_l
     assert not process.is_alive()
 
 
+
+def test_an_engine_process_that_crashed_while_loading_is_not_reported_as_late(core):
+    """Its pipe ends (end of file) before the process is reaped, so it still looked alive when the
+    wait returned: the crash was reported as a startup timeout ("did not become ready within ...")."""
+    from helios.errors import ExecutionError
+    from helios.server.engine_spawn import EngineSpawn
+
+    class Crashed:
+        """An engine process whose pipe closed as it died, not yet reaped (alive until joined)."""
+
+        def __init__(self):
+            self.exitcode = None
+
+        def is_alive(self) -> bool:
+            return self.exitcode is None
+
+        def kill(self) -> None:
+            pass
+
+        def join(self, timeout=None) -> None:
+            self.exitcode = -9  # reaped: killed by SIGKILL (the host's out-of-memory killer)
+
+    class Ended:
+        def send(self, message) -> None:
+            pass
+
+        def poll(self, timeout) -> bool:
+            return True
+
+        def recv(self):
+            raise EOFError
+
+        def close(self) -> None:
+            pass
+
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
+    with pytest.raises(ExecutionError) as raised:
+        start_engine_process(source, opened.prepared, RuntimeOptions(), timeout_s=30,
+                             spawned=EngineSpawn(Crashed(), Ended()))
+    assert "did not become ready" not in str(raised.value)
+    assert "while starting" in str(raised.value)
+
 def test_a_batch_crosses_the_pipe_unchanged():
     import pickle
 

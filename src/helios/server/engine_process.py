@@ -34,6 +34,7 @@ from __future__ import annotations
 import pickle
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,7 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
     if spawned is None:
         spawned = spawn_engine_process(_engine_main)  # looked up now: tests replace it
     process, connection = spawned.process, spawned.connection
+    is_late = False
     try:
         try:
             if spawned.ordered_ahead:  # it made this same order from the command line, and loads already
@@ -137,16 +139,19 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
             mark("serve: engine process taken over" if spawned.ordered_ahead else "serve: load ordered")
             if while_loading is not None:
                 while_loading()
+            waited_from = time.monotonic()
             message = wait_ready(connection, timeout_s, process.is_alive)
+            is_late = message is None and time.monotonic() - waited_from >= timeout_s
             mark("serve: engine ready")
     except BaseException:  # interrupted while it loads: nothing to drain, so it is killed
         _stop_unready(process, connection)
         raise
     if not isinstance(message, _Ready):
-        is_late = message is None and process.is_alive()  # still loading at the deadline: killed below
         _stop_unready(process, connection)
         if isinstance(message, _Failed):
             raise message.error
+        # Late by the clock, not by `is_alive`: a process that crashed closed its pipe before it was
+        # reaped, so it may still look alive when the wait ends on that end of file.
         if is_late:  # (else the kill itself would be reported as how it ended)
             raise ExecutionError(f"the engine process did not become ready within {timeout_s:g} s (it was stopped)")
         raise ExecutionError(f"{ended_how(process)} while starting")
