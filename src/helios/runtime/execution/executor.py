@@ -48,7 +48,7 @@ Thread ownership: the model worker only. Buffers stay alive through execution dr
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 
@@ -76,7 +76,7 @@ from helios.runtime.execution.vision_programs import image_feeder
 from helios.runtime.loading.model import LoadedModel, LoadedProgram, program_arguments
 from helios.runtime.execution.packer import Packer
 from helios.runtime.execution.state_programs import StatePrograms
-from helios.runtime.records.plan import CopyOp, PlanRow, RowResult, StepPlan
+from helios.runtime.records.plan import CopyOp, PlanRow, RowResult, StepPlan, StorageKind
 from helios.runtime.loading.cuda_graphs import CaptureError, CapturedProgram
 
 
@@ -126,11 +126,11 @@ class Executor:
         (`alone` changes nothing here: one rank runs the same way either way.)"""
         self.packer.apply(plan)
         launches = self._copies(plan)
+        if self.state_programs is not None:  # after the copies: they read the slots' previous owners
+            self.state_programs.observe(plan)
         if plan.variant is None:
             return Launched(plan, None, {}, None, state_launches=launches)
         program = self._program_for(plan)
-        if self._initializers:
-            self._initialize(plan)
         if self.images is not None and plan.operation in (Operation.PREFILL, Operation.MIXED):
             self.images.feed(plan.rows, self.packer.images_of(plan.rows))
         # The submission id travels with the step's values (one upload on a device).
@@ -161,8 +161,9 @@ class Executor:
 
     def _initialize(self, plan: StepPlan) -> None:
         """Runs the core's INITIALIZATION program over the rows `plan` admits (in chunks of the
-        largest variant), before the plan's own program reads their state. On CUDA the host then
-        waits for it: both packs write the same staging mirrors (admission is rare)."""
+        largest variant), before the plan's own program reads their state and before its copies
+        restore any (`_copies`). On CUDA the host then waits for it: both packs write the same
+        staging mirrors (admission is rare)."""
         admitted = [row for row in plan.rows if row.admits]
         largest = self._initializers[-1][0].batch_capacity
         for start in range(0, len(admitted), largest):
@@ -253,20 +254,35 @@ class Executor:
     def _copies(self, plan: StepPlan) -> Mapping[str, int]:
         """The plan's copies, in order: slot state rows through the core's state programs when it
         has them (`helios.runtime.execution.state_programs`), everything else between storages.
-        Returns the state programs launched, by operation name."""
-        if self.state_programs is None:
-            for copy in plan.copies:
-                self._copy(copy)
-            return MappingProxyType({})
+        With an INITIALIZATION program, the rows the plan admits are initialized between them:
+        before the first copy into a slot's state rows (a restore into an admitted slot, whose
+        state an initialization after it would clear), after the copies before it (a final
+        snapshot of the slot's previous owner, which it would clear too). Returns the state
+        programs launched, by operation name."""
         launches: dict[str, int] = {}
-        for run in self.state_programs.runs(plan.copies):
+        if not self._initializers:
+            self._run_copies(plan, plan.copies, launches)
+            return MappingProxyType(launches)
+        copies = plan.copies
+        first = next((i for i, copy in enumerate(copies) if copy.dst.kind == StorageKind.STATE), len(copies))
+        self._run_copies(plan, copies[:first], launches)
+        self._initialize(plan)
+        self._run_copies(plan, copies[first:], launches)
+        return MappingProxyType(launches)
+
+    def _run_copies(self, plan: StepPlan, copies: Sequence[CopyOp], launches: dict[str, int]) -> None:
+        """`copies` of `plan`, in order, counting the state programs launched into `launches`."""
+        if self.state_programs is None:
+            for copy in copies:
+                self._copy(copy)
+            return
+        for run in self.state_programs.runs(copies):
             if run.operation is None:
                 for copy in run.copies:
                     self._copy(copy)
                 continue
             name = spb.GraphOperation.Name(run.operation)[len("GRAPH_OPERATION_"):].lower()
             launches[name] = launches.get(name, 0) + self.state_programs.run(plan, run.operation, run.copies)
-        return MappingProxyType(launches)
 
     def _copy(self, copy: CopyOp) -> None:
         """One plan copy between pages, slot state rows, continuation rows and host slots."""

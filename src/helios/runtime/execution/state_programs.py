@@ -11,7 +11,10 @@ plan's copies is kept.
 
 The snapshot rows are the core's: its state planes hold the slots' rows, then the snapshot rows
 (`LoadedModel.num_slot_state_rows` is the first). A copy row binds (`Packer.pack_state_copies`):
-SLOT and GENERATION of the slot whose rows are copied, LIVE_STATE_ROWS its first state row,
+SLOT and GENERATION of the slot whose rows are copied (the generation of the request whose state
+they are: a snapshot's, the slot's owner when earlier plans computed that state, which may have
+been released since - its final snapshot runs in the plan that hands the slot on; a restore's, the
+slot's new owner, whose admitting row is in the same plan), LIVE_STATE_ROWS its first state row,
 SNAPSHOT_DESTINATION / RESTORE_SOURCE the snapshot row's first state row, LIVE_ROW_COUNT the copies
 in the submission, CONSTANT and INACTIVE_PADDING (what `helios.contract.servable` serves to them).
 
@@ -76,6 +79,8 @@ class StatePrograms:
                              for p in model.state_copy_programs if p.operation == operation)
             for operation in (SNAPSHOT, RESTORATION)
         }
+        # slot -> the generation of its latest admitting row in the plans launched so far (`observe`)
+        self._generations: dict[int, int] = {}
 
     @classmethod
     def of(cls, model: LoadedModel, packer, call) -> StatePrograms | None:
@@ -90,6 +95,13 @@ class StatePrograms:
             if index == len(copies) or operation_of(copies[index]) != operation_of(copies[start]):
                 yield StateCopyRun(operation_of(copies[start]), tuple(copies[start:index]))
                 start = index
+
+    def observe(self, plan: StepPlan) -> None:
+        """Records the slot generations `plan`'s rows admit; called for every plan, after its copies
+        ran (they read the state of the slots' previous owners)."""
+        for row in plan.rows:
+            if row.admits:
+                self._generations[row.slot] = row.generation
 
     def run(self, plan: StepPlan, operation: int, copies: Sequence[CopyOp]) -> int:
         """Runs `copies` (all of `operation`) through its programs, in chunks of the largest variant;
@@ -113,7 +125,11 @@ class StatePrograms:
     def _row(self, plan: StepPlan, copy: CopyOp, operation: int) -> StateCopyRow:
         slot_end, snapshot_end = (copy.src, copy.dst) if operation == SNAPSHOT else (copy.dst, copy.src)
         r = self._rows_per_request
-        # The slot's generation: the plan's row of that slot (a checkpointed or restored lane is one).
-        generation = next((row.generation for row in plan.rows if row.slot == slot_end.index), 0)
+        # A snapshot copies state that earlier plans computed: the generation they ran the slot
+        # under, not that of a request this plan admits into the slot (the snapshot's request may
+        # have ended). A restore writes the state of the request this plan admits into the slot.
+        generation = self._generations.get(slot_end.index, 0)
+        if operation == RESTORATION:
+            generation = next((row.generation for row in plan.rows if row.slot == slot_end.index), generation)
         return StateCopyRow(slot_end.index, generation, slot_end.index * r,
                             self._first_snapshot_row + snapshot_end.index * r)
