@@ -217,11 +217,12 @@ def _output_limits(prompts: list[list[int]], max_tokens: int | None, prepared) -
     return limits
 
 
-def _output_text(tokenizer: Tokenizer, token_ids, context_ids) -> str:
+def _output_text(tokenizer: Tokenizer, token_ids, context_ids, clean_up_spaces: bool) -> str:
     """The output's text as it continues `context_ids` (a plain prompt: a SentencePiece word keeps
     its leading space, as the server's text completions have it; a chat prompt's answer starts the
-    text), special tokens left out."""
-    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=True, context_ids=context_ids)
+    text), special tokens left out, with the core's tokenization-space cleanup where it has one."""
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=True, context_ids=context_ids,
+                                         clean_up_spaces=clean_up_spaces)
     return detokenizer.feed_many(list(token_ids)) + detokenizer.finish()
 
 
@@ -238,7 +239,8 @@ def _generate(args: argparse.Namespace, runtime) -> int:
     results = generate(runtime.engine, prompts, args.output_limits, eos, sampling, pinned_seed=True)
     try:
         for prompt, result in zip(prompts, results):
-            text = _output_text(tokenizer, result.token_ids, () if getattr(args, "chat", False) else prompt)
+            text = _output_text(tokenizer, result.token_ids, () if getattr(args, "chat", False) else prompt,
+                                model.prepared.contract.model.frontend.clean_up_tokenization_spaces)
             if args.json:
                 print(json.dumps({"prompt_ids": prompt, "token_ids": list(result.token_ids), "text": text,
                                   "finish_reason": result.finish_reason.name.lower(), "message": result.message}))

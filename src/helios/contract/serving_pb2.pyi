@@ -694,7 +694,7 @@ class ImageLayoutData(_message.Message):
     def __init__(self, feature_ids: _Optional[_Iterable[int]] = ..., atomic_spans: _Optional[_Iterable[_Union[AtomicSpan, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FrontendContract(_message.Message):
-    __slots__ = ("tool_parser", "reasoning_parser", "image_preparation", "image_layout", "tool_syntax", "reasoning_syntax", "assistant_boundary", "prefix_boundaries", "image_preparation_data", "image_layout_data", "channel_syntax", "tool_call_id_len")
+    __slots__ = ("tool_parser", "reasoning_parser", "image_preparation", "image_layout", "tool_syntax", "reasoning_syntax", "assistant_boundary", "prefix_boundaries", "image_preparation_data", "image_layout_data", "channel_syntax", "tool_call_id_len", "clean_up_tokenization_spaces")
     TOOL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PREPARATION_FIELD_NUMBER: _ClassVar[int]
@@ -707,6 +707,7 @@ class FrontendContract(_message.Message):
     IMAGE_LAYOUT_DATA_FIELD_NUMBER: _ClassVar[int]
     CHANNEL_SYNTAX_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_ID_LEN_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_UP_TOKENIZATION_SPACES_FIELD_NUMBER: _ClassVar[int]
     tool_parser: ToolParser
     reasoning_parser: ReasoningParser
     image_preparation: ImagePreparation
@@ -719,4 +720,5 @@ class FrontendContract(_message.Message):
     image_layout_data: ImageLayoutData
     channel_syntax: ChannelSyntax
     tool_call_id_len: int
-    def __init__(self, tool_parser: _Optional[_Union[ToolParser, str]] = ..., reasoning_parser: _Optional[_Union[ReasoningParser, str]] = ..., image_preparation: _Optional[_Union[ImagePreparation, str]] = ..., image_layout: _Optional[_Union[ImageLayout, str]] = ..., tool_syntax: _Optional[_Union[ToolSyntax, _Mapping]] = ..., reasoning_syntax: _Optional[_Union[ReasoningSyntax, _Mapping]] = ..., assistant_boundary: _Optional[_Union[AssistantBoundary, _Mapping]] = ..., prefix_boundaries: _Optional[_Iterable[_Union[PrefixBoundaryRule, _Mapping]]] = ..., image_preparation_data: _Optional[_Union[ImagePreparationData, _Mapping]] = ..., image_layout_data: _Optional[_Union[ImageLayoutData, _Mapping]] = ..., channel_syntax: _Optional[_Union[ChannelSyntax, _Mapping]] = ..., tool_call_id_len: _Optional[int] = ...) -> None: ...
+    clean_up_tokenization_spaces: bool
+    def __init__(self, tool_parser: _Optional[_Union[ToolParser, str]] = ..., reasoning_parser: _Optional[_Union[ReasoningParser, str]] = ..., image_preparation: _Optional[_Union[ImagePreparation, str]] = ..., image_layout: _Optional[_Union[ImageLayout, str]] = ..., tool_syntax: _Optional[_Union[ToolSyntax, _Mapping]] = ..., reasoning_syntax: _Optional[_Union[ReasoningSyntax, _Mapping]] = ..., assistant_boundary: _Optional[_Union[AssistantBoundary, _Mapping]] = ..., prefix_boundaries: _Optional[_Iterable[_Union[PrefixBoundaryRule, _Mapping]]] = ..., image_preparation_data: _Optional[_Union[ImagePreparationData, _Mapping]] = ..., image_layout_data: _Optional[_Union[ImageLayoutData, _Mapping]] = ..., channel_syntax: _Optional[_Union[ChannelSyntax, _Mapping]] = ..., tool_call_id_len: _Optional[int] = ..., clean_up_tokenization_spaces: _Optional[bool] = ...) -> None: ...

@@ -110,6 +110,7 @@ class ModelFacts:
     scores_prompts: bool = False  # the core has a scored-prefill program
     logit_bias: int = 0  # logit-bias entries the core's programs take per request (0: none)
     tool_call_id_len: int = 0  # random alphanumeric tool-call ids of this length (0: `call_id_prefix` ids)
+    clean_up_spaces: bool = False  # output text gets transformers' tokenization-space cleanup
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class OutputFactory:
     token_texts: TokenTexts | None = None  # set when the request asks for log-probabilities
     prompt_scoring: PromptScoring | None = None  # echo, prompt scores, max_tokens 0
     is_constrained: bool = False  # a grammar constrains the output
+    clean_up_spaces: bool = False  # the core's `clean_up_tokenization_spaces`: the detokenizer cleans
 
     def for_choice(self, request_id: str) -> OutputFactory:
         """This output path for another choice of the request, `request_id`: its tool-call ids are its own."""
@@ -145,7 +147,8 @@ class OutputFactory:
         continues = self.frontend is None or self.is_constrained
         return OutputProcessor(
             IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False,
-                                   context_ids=self.prompt_token_ids if continues else ()),
+                                   context_ids=self.prompt_token_ids if continues else (),
+                                   clean_up_spaces=self.clean_up_spaces),
             pipeline,
             self.stops.new_matcher(),
             self.eos_token_ids,
@@ -271,7 +274,8 @@ class FrontendModel:
         logprobs = min((g.token_logprobs for g in prepared.graphs.values() if g.token_logprobs), default=0)
         scored = bool(prepared.graphs_for(spb.GRAPH_OPERATION_SCORED_PREFILL))
         facts = ModelFacts(names, vocab_size, prepared.input_range, logprobs, scored, prepared.logit_bias_width,
-                           serving.model.frontend.tool_call_id_len)
+                           serving.model.frontend.tool_call_id_len,
+                           serving.model.frontend.clean_up_tokenization_spaces)
         prompts = PromptBuilder(template, tokenizer, syntax.prompt_rules)
         try:
             images = ImagePipeline.from_contract(serving.model, image_limits)
@@ -445,6 +449,7 @@ class FrontendModel:
             self._tokenizer, syntax, request, stops,
             self._settings.eos_token_ids, response.observation, prompt_ids, ingress_ns,
             self._token_texts if logprobs.top_logprobs is not None else None, scoring, is_constrained,
+            self._facts.clean_up_spaces,
         )
 
 

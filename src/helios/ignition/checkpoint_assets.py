@@ -6,6 +6,7 @@ its frontend (special tokens, template, EOS) becomes typed contract data here.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from helios.ignition.frontend.probes import (
     message_boundary, prefix_rules, reasoning_facts, tool_call_id_len, tool_call_text)
 from helios.ignition.frontend.render import ProbeTemplate
 from helios.ignition.frontend.tokenizer_files import (
-    chat_template, check_encodes, declared_added_tokens, eos_token_ids, missing_tokenizer_json, parsed_tokenizer,
+    chat_template, check_encodes, cleans_up_spaces, declared_added_tokens, eos_token_ids, missing_tokenizer_json, parsed_tokenizer,
     read_bounded, read_json, served_tokenizer, special_tokens, template_tokens)
 from helios.ignition.preparation.contract import FrontendDeclaration
 
@@ -81,6 +82,7 @@ def read_assets(directory: Path, vocab_size: int, stated: Mapping[str, str] | No
     eos = eos_token_ids(directory, tokenizer, named, vocab_size)
     digest = hashlib.sha256(tokenizer_json + template.encode("utf-8")).hexdigest()
     frontend = _frontend(template, tokenizer, read_json(directory / "config.json"), stated, tokens)
+    frontend = dataclasses.replace(frontend, clean_up_tokenization_spaces=cleans_up_spaces(tokenizer, config))
     return CheckpointAssets(tokenizer_json, template, eos, tokens, frontend, digest)
 
 

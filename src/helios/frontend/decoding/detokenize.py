@@ -44,6 +44,11 @@ a split inside a run is taken only where the open run and the live window's byte
 error no later byte can mend (both then read U+FFFD per byte however the run grows). A run is not
 decoded on each id, valid or not (its text shows only once a token ends it either way): it is decoded
 when a token ends it (or `open_text` is read), so an invalid run growing by valid bytes costs linear time.
+
+A core whose tokenizer cleans up tokenization spaces (transformers' ``clean_up_tokenization``, where
+``tokenizer_config.json`` sets ``clean_up_tokenization_spaces`` and transformers applies it) passes the
+deltas through `SpaceCleanup`: the concatenation of the deltas is then that cleanup of the whole decode
+(" ." reads "."), a space that may start a cleaned pattern held back until the text after it decides.
 """
 
 from __future__ import annotations
@@ -67,6 +72,54 @@ class Decoder(Protocol):
     def id_to_token(self, token_id: int) -> str | None: ...
 
 
+# transformers' `clean_up_tokenization`, applied in this order, each replacement over the whole text
+CLEANUP_REPLACEMENTS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                        (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+class SpaceCleanup:
+    """Streams transformers' ``clean_up_tokenization``: the concatenation of `push` deltas and `flush`
+    equals the cleanup of the concatenated input. The cleanup is a chain of ``str.replace`` calls, each
+    over the previous one's whole output; each link here holds back the end of its input that may begin
+    an occurrence (a proper prefix of its pattern, after its last replacement), which ``str.replace``'s
+    left-to-right scan would take whole. Mutates only its own state; `copy` for a look-ahead."""
+
+    def __init__(self, held: Sequence[str] = ("",) * len(CLEANUP_REPLACEMENTS)):
+        self._held = list(held)  # per link: its input not yet passed on
+
+    def copy(self) -> "SpaceCleanup":
+        return SpaceCleanup(self._held)
+
+    def push(self, text: str) -> str:
+        """The cleaned text that no later input changes."""
+        for index, (old, new) in enumerate(CLEANUP_REPLACEMENTS):
+            if not text and not self._held[index]:
+                continue
+            text, self._held[index] = _replace_held(self._held[index] + text, old, new)
+        return text
+
+    def flush(self) -> str:
+        """The end of the input: every held text, cleaned."""
+        text = ""
+        for index, (old, new) in enumerate(CLEANUP_REPLACEMENTS):
+            text, self._held[index] = (self._held[index] + text).replace(old, new), ""
+        return text
+
+
+def _replace_held(text: str, old: str, new: str) -> tuple[str, str]:
+    """`text` with `old` replaced by `new` as ``str.replace`` does, but for its end that may begin an
+    occurrence of `old` (returned second; a later input follows it). An occurrence starting before that
+    end lies in `text` (and is replaced) or runs past it (and its start would be in that end)."""
+    parts, at = [], 0
+    while (found := text.find(old, at)) >= 0:
+        parts += (text[at:found], new)
+        at = found + len(old)
+    tail = text[at:]
+    hold = next((size for size in range(len(old) - 1, 0, -1) if tail.endswith(old[:size])), 0)
+    parts.append(tail[: len(tail) - hold])
+    return "".join(parts), tail[len(tail) - hold :]
+
+
 class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas; see the module docstring for the invariants.
 
@@ -74,13 +127,15 @@ class IncrementalDetokenizer:
     when true and to their content when false. `context_ids`: ids before the output (their last
     `CONTEXT_IDS` are decoded with it, their text not emitted). `holds_byte_runs`: false for a caller
     that places text rather than streams it (echo offsets): a byte-fallback run then shows its text
-    as its characters complete, as if no later byte could change it. Mutates only its own state;
-    `tokenizer` is read-only.
+    as its characters complete, as if no later byte could change it. `clean_up_spaces`: the deltas are
+    transformers' tokenization-space cleanup of the text (`SpaceCleanup`; the context is not cleaned).
+    Mutates only its own state; `tokenizer` is read-only.
     """
 
     def __init__(self, tokenizer: Decoder, *, skip_special_tokens: bool = True, context_ids: Sequence[int] = (),
-                 holds_byte_runs: bool = True):
+                 holds_byte_runs: bool = True, clean_up_spaces: bool = False):
         self._tokenizer = tokenizer
+        self._cleanup = SpaceCleanup() if clean_up_spaces else None
         self._skip_special_tokens = skip_special_tokens
         self._skipped_specials: dict[int, bool] = {}
         self._is_byte_fallback = holds_byte_runs and _reads_byte_groups(tokenizer)
@@ -158,7 +213,14 @@ class IncrementalDetokenizer:
         alone cannot tell from one). "" while a byte-fallback run is open (a later byte can change the
         whole run's text) or the pending ids show no text. While the ids stay pending it only grows,
         so a caller reads each character once by passing the number it has read; a call costs the
-        unsettled text and the pieces settled after `start`, not the whole pending text."""
+        unsettled text and the pieces settled after `start`, not the whole pending text. With the
+        space cleanup it is the cleaned text that follows the deltas (the text the cleanup holds
+        first), and a call costs the whole pending text."""
+        if self._cleanup is None:
+            return self._fixed_open_text(start)
+        return self._cleanup.copy().push(self._fixed_open_text())[start:]
+
+    def _fixed_open_text(self, start: int = 0) -> str:
         if self._is_byte_fallback and self._in_byte_run:
             return ""
         live = self._live_text if self._settled else self._open_text
@@ -202,6 +264,10 @@ class IncrementalDetokenizer:
 
     def feed(self, token_id: int) -> str:
         """Adds one generated id and returns the newly complete text ("" while a character is open)."""
+        text = self._feed(token_id)
+        return text if self._cleanup is None else self._cleanup.push(text)
+
+    def _feed(self, token_id: int) -> str:
         if self._finished:
             raise ValueError("feed after finish")
         self._num_tokens += 1
@@ -341,6 +407,10 @@ class IncrementalDetokenizer:
         """
         if self._finished:
             return ""
+        tail = self._finish()
+        return tail if self._cleanup is None else self._cleanup.push(tail) + self._cleanup.flush()
+
+    def _finish(self) -> str:
         self._finished = True
         if self._read_offset == len(self._ids):
             return ""

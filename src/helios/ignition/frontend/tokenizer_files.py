@@ -20,6 +20,10 @@
   must encode text of several scripts into ids inside the vocabulary (a WordPiece or Unigram model
   without its unknown token fails on the first character it lacks; a post-processor may add ids
   past the embedding).
+- `cleans_up_spaces`: whether transformers' ``decode`` cleans up tokenization spaces (" ." -> "."):
+  ``clean_up_tokenization_spaces`` true (absent: false, transformers 5's default), on a tokenizer whose
+  model is not BPE (transformers 5 skips the cleanup for BPE, as it corrupts such text, unless
+  ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`` is true too).
 
 A value of the wrong shape stops prepare with a `CheckpointError` naming the file and key.
 """
@@ -222,6 +226,22 @@ def _token_text(value: object, file: str, key: str) -> str | None:
     if not isinstance(value, str):
         raise CheckpointError(f"{file}: {key} must be a string or an AddedToken object, not {value!r}")
     return value
+
+
+def cleans_up_spaces(tokenizer: Tokenizer, tokenizer_config: Mapping[str, object]) -> bool:
+    """Whether transformers' ``decode`` applies ``clean_up_tokenization`` to this tokenizer's text
+    (`TokenizersBackend._decode`; see the module docstring)."""
+    cleans, even_bpe = (_flag(tokenizer_config, key) for key in (
+        "clean_up_tokenization_spaces", "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"))
+    return cleans and (even_bpe or type(tokenizer.model).__name__ != "BPE")
+
+
+def _flag(tokenizer_config: Mapping[str, object], key: str) -> bool:
+    """A true/false setting of ``tokenizer_config.json``; absent or null: false."""
+    value = tokenizer_config.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise CheckpointError(f"{TOKENIZER_CONFIG}: {key} must be true or false, not {value!r}")
+    return bool(value)
 
 
 def template_tokens(tokenizer: Tokenizer, named: Mapping[str, str], vocab_size: int) -> tuple[spb.TemplateToken, ...]:

@@ -119,6 +119,7 @@ class FrontendDeclaration:
     family: str = "none"  # the declared family's name, for preparation logs (not contract data)
     channel_syntax: spb.ChannelSyntax | None = None  # the harmony channel parsers' markup
     tool_call_id_len: int = 0  # random alphanumeric tool-call ids the template requires (0: any id renders)
+    clean_up_tokenization_spaces: bool = False  # decoded text gets transformers' tokenization-space cleanup
 
 
 @dataclass(frozen=True)
@@ -536,3 +537,4 @@ def _frontend(target: spb.FrontendContract, frontend: FrontendDeclaration) -> No
         target.channel_syntax.CopyFrom(frontend.channel_syntax)
     target.prefix_boundaries.extend(frontend.prefix_boundaries)
     target.tool_call_id_len = frontend.tool_call_id_len
+    target.clean_up_tokenization_spaces = frontend.clean_up_tokenization_spaces
