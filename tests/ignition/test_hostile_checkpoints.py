@@ -492,7 +492,8 @@ def test_a_mistyped_key_no_generic_check_knows_still_raises_a_checkpoint_error(t
 
     tiny_model().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    config["vision_config"]["window_size"] = "wide"  # read by the Qwen2.5-VL recipe alone
+    # read by the Qwen2.5-VL recipe alone (window_size, the example before, is now checked with config.json)
+    config["vision_config"]["fullatt_block_indexes"] = ["wide"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     _refused(tmp_path, "cannot prepare the Qwen2_5_VLForConditionalGeneration checkpoint", "'wide'")
 

@@ -225,6 +225,10 @@ _COUNT_INTS = frozenset(("sliding_window", "max_window_layers", "first_k_dense_r
                          "num_local_experts", "qk_nope_head_dim", "n_group", "topk_group", "n_shared_experts",
                          "max_position_embeddings", "original_max_position_embeddings", "num_nextn_predict_layers",
                          "mamba_d_conv", "mamba_d_state", "mamba_expand", "mamba_n_groups", "mamba_n_heads"))
+# vision_config's geometry, also positive integers ("56" or 2.5 went through int(); elsewhere in a
+# config these names may mean something else, so only vision_config's are checked)
+_VISION_POSITIVE_INTS = frozenset(("spatial_merge_size", "temporal_patch_size", "window_size", "in_channels",
+                                   "out_hidden_size", "num_position_embeddings"))
 _MAX_INT = 2**31 - 1
 _POSITIONS = frozenset(("max_position_embeddings", "original_max_position_embeddings"))  # sizes nothing: 2**63 - 1
 _REQUIRED = frozenset(("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"))  # never null
@@ -263,8 +267,9 @@ def _check_config(config: Mapping[str, Any], where: str) -> None:
             _check_config(value, f"{name}.")
         elif value is None and key not in _REQUIRED:
             continue
-        elif key in _POSITIVE_INTS or key in _COUNT_INTS:
-            least, most = 1 if key in _POSITIVE_INTS else 0, 2**63 - 1 if key in _POSITIONS else _MAX_INT
+        elif key in _POSITIVE_INTS or key in _COUNT_INTS or (
+                where == "vision_config." and key in _VISION_POSITIVE_INTS):
+            least, most = 0 if key in _COUNT_INTS else 1, 2**63 - 1 if key in _POSITIONS else _MAX_INT
             if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
                 raise CheckpointError(f"config.json: {name} must be an integer from {least} to {most}, got {value!r}")
         elif key in _NON_NEGATIVE_FLOATS or key in _POSITIVE_FLOATS or key in _FINITE_FLOATS:

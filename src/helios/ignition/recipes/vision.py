@@ -87,6 +87,12 @@ def vision_architecture(config: Mapping[str, Any], family: str = QWEN2_5_VL) -> 
     """The vision encoder's geometry from a checkpoint's `vision_config` (its missing keys read as
     transformers reads them: `REFERENCE_VISION_DEFAULTS`)."""
     config = {**REFERENCE_VISION_DEFAULTS[family], **config}
+    # A null is taken as given, as transformers' config classes take it (its model then fails to build);
+    # int(None) failed here with a traceback.
+    nulls = [key for key, default in REFERENCE_VISION_DEFAULTS[family].items()
+             if isinstance(default, int) and config[key] is None]
+    if nulls:
+        raise CheckpointError(f"vision_config.{nulls[0]} is null; it must be a positive integer")
     if int(config["temporal_patch_size"]) != STILL_FRAMES:
         raise UnsupportedCheckpoint(f"vision temporal_patch_size {config['temporal_patch_size']!r} is not supported: "
                                     f"the served image preparation fills {STILL_FRAMES} temporal frames per patch")
@@ -97,6 +103,12 @@ def vision_architecture(config: Mapping[str, Any], family: str = QWEN2_5_VL) -> 
         return _qwen3_architecture(config)
     if config.get("hidden_act", "silu") != "silu":
         raise UnsupportedCheckpoint(f"vision hidden_act {config.get('hidden_act')!r} is not supported")
+    # Windows hold window_size // merge // patch merged patches a side (transformers floors it too); one
+    # smaller than a merged patch holds none, which failed only at capture.
+    patch, merge, window = int(config["patch_size"]), int(config["spatial_merge_size"]), int(config["window_size"])
+    if window < patch * merge:
+        raise UnsupportedCheckpoint(f"vision_config.window_size {window} is smaller than a merged patch (patch_size "
+                                    f"{patch} x spatial_merge_size {merge} = {patch * merge}): windows hold no patch")
     rope = config.get("rope_parameters") or {}
     return VisionArchitecture(
         depth=int(config["depth"]), hidden_size=int(config["hidden_size"]), num_heads=int(config["num_heads"]),
