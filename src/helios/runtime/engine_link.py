@@ -25,7 +25,8 @@ process that stopped reading).
 
 What stays true across the boundary: every admitted request ends with exactly one `FinishEvent`.
 The link counts the requests it admitted until their finish comes back; if the engine process
-dies (or its worker loop fails), the link reports itself unhealthy and ends each of them with
+dies (or its worker loop fails, or the link cannot read or deliver one of its messages: a finish may
+be lost, so the process is killed), the link reports itself unhealthy and ends each of them with
 ERROR ("the model worker died", with their prompt lengths: the tokens generated are counted by
 the responses, `helios.server.bridge`), and a later `submit` gets ERROR at once, as the engine does after
 its worker failed; `failure` then says why (the worker loop's error, or how the process ended). `shutdown` asks the engine process to stop (requests still running end
@@ -80,6 +81,10 @@ SHUT_DOWN = "the model worker shut down"
 DIRECT_EVENTS = 64  # a batch of at most this many events may be written by the thread that sent it
 HEARTBEAT_INTERVAL_S = 1.0  # how often the engine process's command loop says it is alive
 UNRESPONSIVE_GRACE_S = 2.0  # shutdown's wait for an engine process already unresponsive, before the kill
+
+
+class DuplicateRequestId(ValueError):
+    """`EngineLink.submit` of a request whose id is that of a request still outstanding."""
 
 
 class Admit(NamedTuple):
@@ -207,7 +212,10 @@ class EngineLink:
 
     def submit(self, request: EngineRequest) -> None:
         """Sends a served request (no `on_event`, no `host_stop`; its grammar, if any, must have a
-        `source`) to the engine process; after shutdown or death it ends at once."""
+        `source`) to the engine process; after shutdown or death it ends at once. The id of a
+        request still outstanding is refused (`DuplicateRequestId`): the link and the sink's routes know a
+        request by its id, so its duplicate's end (REJECTED) would end the running request's
+        tracking and reach its consumer."""
         if request.on_event is not None or request.host_stop is not None:
             raise ValueError(f"request {request.spec.request_id}: an engine process serves sink requests only")
         source = None
@@ -219,6 +227,8 @@ class EngineLink:
         with self._state_lock:
             is_closed = self._is_closed
             if not is_closed:
+                if spec.request_id in self._outstanding:
+                    raise DuplicateRequestId(f"request {spec.request_id}: a request of this id is still running")
                 self._outstanding[spec.request_id] = len(spec.prompt_ids)
         if not is_closed and self._send(Admit(spec, source)):
             return
@@ -228,8 +238,11 @@ class EngineLink:
                 # reader's `_end_outstanding` took it): one finish per request.
                 if self._outstanding.pop(spec.request_id, None) is None:
                     return
-        reason = FinishReason.ERROR if self._has_died else FinishReason.CANCELLED
-        message = DIED if self._has_died else "the model worker is not running"
+        # A write that failed outside `shutdown` met an engine process that is gone (its reader may
+        # not have taken the pipe's end yet): the death's end, not a shutdown's.
+        has_died = self._has_died or (not is_closed and not self._is_stopping)
+        reason = FinishReason.ERROR if has_died else FinishReason.CANCELLED
+        message = DIED if has_died else "the model worker is not running"
         self.sink(StepBatch((FinishEvent(spec.request_id, reason, len(spec.prompt_ids), 0, 0, message),)))
 
     def cancel(self, request_id: str) -> None:
@@ -290,6 +303,11 @@ class EngineLink:
                     break
         except (EOFError, OSError):
             died = DIED
+        except Exception as error:  # noqa: BLE001 - a message it cannot read (unpickling) or deliver (the sink)
+            # Nothing after it can be trusted (a finish may be lost): the engine process serves no
+            # more, and its requests end here; killed, so it holds no device and `shutdown` never waits on it.
+            died = f"the link to the engine process failed: {type(error).__name__}: {error}"
+            self._process.kill()
         if died is not None and not self._is_closed and not self._is_stopping:
             self.failure = died if died != DIED else ended_how(self._process)
             self._has_died = True

@@ -26,7 +26,7 @@ from collections import deque
 from typing import Callable
 
 from helios.runtime.engine import EngineRequest
-from helios.runtime.engine_link import unread_bytes
+from helios.runtime.engine_link import DuplicateRequestId, unread_bytes
 from helios.runtime.outlet import StepBatch
 from helios.runtime.records.events import FinishEvent, FinishReason
 
@@ -116,9 +116,10 @@ class QueuedCommands:
 
     def _refused(self, call: Callable, args: tuple, error: Exception) -> None:
         """A queued command the link raised on (on the caller's thread it would have raised there):
-        logged, and a refused submission ends its request with ERROR, so that its response ends."""
+        logged, and a refused submission ends its request with ERROR, so that its response ends;
+        not a duplicate id's (`DuplicateRequestId`): that end would reach the running request of its id."""
         logger.error("an engine command failed: %s: %s", type(error).__name__, error)
-        if call == self._link.submit and self._link.sink is not None:
+        if call == self._link.submit and self._link.sink is not None and not isinstance(error, DuplicateRequestId):
             spec = args[0].spec
             message = f"request failed: {type(error).__name__}: {error}"
             self._link.sink(StepBatch((FinishEvent(spec.request_id, FinishReason.ERROR, len(spec.prompt_ids), 0, 0,

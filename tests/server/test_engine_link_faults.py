@@ -1,0 +1,166 @@
+"""`EngineLink` at its faults, over a real pipe whose other end the test writes as the engine
+process would: a message the serving process cannot read or deliver, and a request id sent twice.
+No engine process is spawned (tests/server/test_engine_process.py runs one)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+
+from helios.runtime.engine import EngineRequest
+from helios.runtime.engine_link import Admit, Batch, EngineLink, Shutdown, wire_events
+from helios.runtime.outlet import StepBatch
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.records.request import RequestSpec
+
+
+class _Process:
+    """An engine process that runs until it is killed."""
+
+    def __init__(self):
+        self.exitcode = None
+
+    def join(self, timeout=None) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def kill(self) -> None:
+        self.exitcode = -9
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.fixture()
+def pipe():
+    ours, theirs = multiprocessing.Pipe()
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def started_link(connection, sink) -> EngineLink:
+    link = EngineLink(connection, _Process())
+    link.connect(sink)
+    link.start()
+    return link
+
+
+def finishes(batches: list[StepBatch]) -> list[FinishEvent]:
+    return [e for b in batches for e in b.events if isinstance(e, FinishEvent)]
+
+
+def test_a_message_the_serving_process_cannot_unpickle_ends_every_request_and_marks_the_link_unhealthy(pipe):
+    """Before: the reader thread ended on the `UnpicklingError` silently: both requests never ended,
+    and the link still said it was healthy (so `/health` said 200 and new requests were taken)."""
+    ours, theirs = pipe
+    batches: list[StepBatch] = []
+    link = started_link(ours, batches.append)
+    for request_id in ("a", "b"):
+        link.submit(EngineRequest(RequestSpec(request_id, (5, 6, 7), 8)))
+        assert isinstance(theirs.recv(), Admit)
+    theirs.send(Batch(wire_events(StepBatch((TokenEvent("a", (9,), None),))), None))
+    theirs.send_bytes(b"not a pickle")
+    link._reader.join(10.0)
+    assert not link._reader.is_alive()
+    ended = finishes(batches)
+    assert sorted(e.request_id for e in ended) == ["a", "b"]
+    assert all(e.reason is FinishReason.ERROR and "UnpicklingError" in e.message for e in ended)
+    assert not link.is_healthy and "UnpicklingError" in link.failure
+    assert not link._process.is_alive()  # it serves nobody now: nothing left holds the device
+    link.submit(EngineRequest(RequestSpec("late", (5, 6, 7), 8)))  # refused at once, as after a death
+    assert finishes(batches)[-1].request_id == "late" and finishes(batches)[-1].reason is FinishReason.ERROR
+    link.shutdown(timeout=5.0)
+
+
+def test_a_sink_that_raises_ends_the_other_requests_with_an_error_and_marks_the_link_unhealthy(pipe):
+    ours, theirs = pipe
+    batches: list[StepBatch] = []
+
+    def sink(batch: StepBatch) -> None:
+        if any(isinstance(e, TokenEvent) for e in batch.events):
+            raise RuntimeError("sink broke")
+        batches.append(batch)
+
+    link = started_link(ours, sink)
+    for request_id in ("a", "b"):
+        link.submit(EngineRequest(RequestSpec(request_id, (5, 6, 7), 8)))
+        theirs.recv()
+    theirs.send(Batch(wire_events(StepBatch((TokenEvent("a", (9,), None),))), None))
+    wait_for(lambda: finishes(batches))
+    assert sorted((e.request_id, e.reason) for e in finishes(batches)) == [("a", FinishReason.ERROR),
+                                                                        ("b", FinishReason.ERROR)]
+    assert "sink broke" in finishes(batches)[0].message
+    assert not link.is_healthy and "RuntimeError: sink broke" in link.failure
+    link.shutdown(timeout=5.0)
+
+
+def test_the_id_of_a_request_still_outstanding_is_refused_and_free_again_once_it_ended(pipe):
+    """Before: the duplicate was sent; the engine rejected it, and its REJECTED end took the running
+    request off the link's tracking (a death later left that request without an end) and reached
+    the running request's consumer, whose response then failed."""
+    ours, theirs = pipe
+    batches: list[StepBatch] = []
+    link = started_link(ours, batches.append)
+    link.submit(EngineRequest(RequestSpec("a", (5, 6, 7), 8)))
+    theirs.recv()
+    with pytest.raises(ValueError, match="request a: a request of this id is still running"):
+        link.submit(EngineRequest(RequestSpec("a", (1, 2), 8)))
+    assert not theirs.poll(0.2) and link._outstanding == {"a": 3}  # nothing sent, the running one tracked
+    theirs.send(Batch(wire_events(StepBatch((FinishEvent("a", FinishReason.LENGTH, 3, 8, 0),))), None))
+    wait_for(lambda: finishes(batches))
+    link.submit(EngineRequest(RequestSpec("a", (1, 2), 8)))  # ended: its id may be used again
+    assert isinstance(theirs.recv(), Admit)
+    theirs.send(Shutdown())  # the engine process's last message
+    link.shutdown(timeout=5.0)
+    assert [(e.request_id, e.reason) for e in finishes(batches)] == [("a", FinishReason.LENGTH),
+                                                                     ("a", FinishReason.CANCELLED)]
+
+
+def test_a_queued_duplicate_submission_is_refused_without_ending_the_running_request(pipe):
+    """A submission written by `QueuedCommands`' sender thread (the pipe holds unread bytes) that
+    the link refuses ends its request with ERROR through the sink, by id: for a duplicate id that
+    end reached the running request's consumer (and took the route its real end needed)."""
+    from helios.runtime.engine_link import DuplicateRequestId
+    from helios.server.engine_commands import QueuedCommands
+
+    ours, theirs = pipe
+    batches: list[StepBatch] = []
+    link = started_link(ours, batches.append)
+    commands = QueuedCommands(link, ours)
+    commands.submit(EngineRequest(RequestSpec("a", (5, 6, 7), 8)))  # its Admit stays unread
+    commands.submit(EngineRequest(RequestSpec("a", (1, 2), 8)))  # queued: the sender thread writes it
+    commands.close(timeout=5.0)
+    assert commands.num_queued == 0 and not finishes(batches)
+    assert isinstance(theirs.recv(), Admit) and not theirs.poll(0.1) and link._outstanding == {"a": 3}
+    with pytest.raises(DuplicateRequestId):  # on the caller's thread: raised to it
+        link.submit(EngineRequest(RequestSpec("a", (1, 2), 8)))
+    theirs.send(Shutdown())
+    link.shutdown(timeout=5.0)
+
+
+def test_a_submission_whose_write_fails_before_the_reader_saw_the_death_ends_with_the_death():
+    """The engine process died and the `Admit` written to its pipe fails before the reader thread
+    took the pipe's end: the request ended CANCELLED ("the model worker is not running"), so its
+    response was a 200 with an empty, cancelled output instead of the death's error."""
+    from helios.runtime.engine_link import DIED
+
+    class Broken:
+        def send(self, message) -> None:
+            raise BrokenPipeError
+
+    process = _Process()
+    process.kill()
+    link = EngineLink(Broken(), process)  # its reader has not seen the end yet
+    batches: list[StepBatch] = []
+    link.connect(batches.append)
+    link.submit(EngineRequest(RequestSpec("r", (5, 6, 7), 4)))
+    assert [(e.request_id, e.reason, e.message) for e in finishes(batches)] == [("r", FinishReason.ERROR, DIED)]
