@@ -513,7 +513,7 @@ class StressRun:
         self.check_idle()
         stats = self.engine.stats  # the worker's counts agree with what the requests saw
         assert stats.generated_tokens == sum(len(p.tokens) for p in self.planned)
-        if not self.shutdown:  # (requests that end at shutdown or after it are not counted)
+        if not self.shutdown:  # (requests submitted after shutdown, which end at once, are not counted)
             # (a request cancelled while still in the ingress channel was never admitted, but is counted)
             finished = Counter({reason.name.lower(): count for reason, count in reasons.items()})
             del finished["rejected"]

@@ -310,6 +310,41 @@ def test_a_grammar_that_raises_at_its_mask_fails_its_request_not_the_plan(frames
     assert not engine.feedback.watching
 
 
+def test_requests_the_engine_ends_as_it_shuts_down_are_counted_once_each():
+    """A request still in the ingress channel at shutdown ended CANCELLED without being counted in
+    `requests_finished` (one cancelled there by its client was counted)."""
+    engine, _ = engine_of(max_active=2, queue=1)
+    submit_all(engine, Recorder())
+    ingress = list(engine._ingress)
+    engine._ingress.clear()
+    engine._admit(ingress)
+    assert engine.step() and engine._ingress
+    engine.shutdown()
+    assert dict(engine.stats.requests_finished) == {"cancelled": len(PROMPTS)}
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_requests_a_failed_worker_ends_are_counted_and_their_grammars_dropped(monkeypatch):
+    """The worker loop fails (its scheduler raises): its requests ended ERROR uncounted, and their
+    grammar matchers stayed registered until the engine was collected."""
+    engine, _ = engine_of()
+    record = Recorder()
+
+    def broken_schedule():
+        raise RuntimeError("scheduler invariant violated")
+
+    monkeypatch.setattr(engine.scheduler, "schedule", broken_schedule)
+    for request_id in ("r0", "r1"):
+        engine.submit(EngineRequest(spec(request_id, PROMPTS[request_id], 6, constrained=True), record,
+                                    grammar=FaultyGrammar()))
+    engine.start()
+    engine._thread.join(10.0)
+    assert not engine.is_healthy
+    assert record.reasons() == {"r0": [FinishReason.ERROR], "r1": [FinishReason.ERROR]}
+    assert dict(engine.stats.requests_finished) == {"error": 2}
+    assert not engine.feedback.watching
+
+
 # -- commands and ids at the edges -----------------------------------------------------------------
 
 

@@ -245,7 +245,8 @@ class Engine:
         self._close(FinishReason.CANCELLED, "the model worker shut down")
 
     def _close(self, reason: FinishReason, message: str) -> None:
-        """Refuses later submissions and ends every request still known with `reason`."""
+        """Refuses later submissions and ends every request still known with `reason`, counted as
+        finished (as a request cancelled in the ingress channel is), its hooks dropped."""
         with self._wake:
             self._is_closed = True
             pending, self._ingress = list(self._ingress), deque()
@@ -253,6 +254,8 @@ class Engine:
         self._active.clear()
         self.outbox.close()
         for request in pending:
+            self.feedback.forget(request.spec.request_id)
+            self.stats.requests_finished[reason.name.lower()] += 1
             self.outbox.end(request.on_event, _ended(request, reason, message))
         try:
             self.outbox.flush()
