@@ -6,7 +6,8 @@ nothing: it reaches the reader with the first step or the terminal item): observ
 detokenizing, stops, parsing and logprob entries. When a stop string matches, `stop` (the engine's
 `stop_matched`) tells the engine with the number of output tokens up to the stop; the engine may
 have generated a few more by then: the processor ignores every token after a stop, so they are never
-shown or counted, and a finish the engine reported for them (EOS, output limit) is settled as STOP
+shown or counted, and a finish the engine reported for them (EOS, output limit, a cancel, a grammar's
+end; not a failure) is settled as STOP
 with the processor's count before the response sees it (`observe`, the request's metrics record,
 gets the settled event, with the reason the response ends with: ERROR when the output failed, STOP
 when the output's last text completed a stop). A finish that counts fewer output tokens than the processor was given (a
@@ -52,7 +53,6 @@ from helios.runtime.records.events import FinishEvent, FinishReason, PromptScore
 from helios.server.admission import Permit
 
 _FAILURES = (FinishReason.REJECTED, FinishReason.ERROR)
-_OUTRUN = (FinishReason.EOS, FinishReason.LENGTH)  # ends the engine may reach past a stop it was not yet told of
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class ResponseBridge:
             self._finish(self._settled(event))
             return
         if self._observe is not None:
-            self._observe(event)
+            self._observed(event)
         if self._is_terminal_posted:
             return
         if isinstance(event, TokenEvent):
@@ -174,9 +174,17 @@ class ResponseBridge:
         elif isinstance(terminal, OutputFinal) and terminal.reason is not event.reason:
             event = event._replace(reason=terminal.reason)
         if self._observe is not None:
-            self._observe(event)
+            self._observed(event)
         if terminal is not None:
             self._post_terminal(terminal)
+
+    def _observed(self, event: RequestEvent) -> None:
+        """Tells `observe` of `event`; a hook that raises is ignored: measurement never fails a
+        request (its error would reach `on_failure` and end a response whose output succeeded)."""
+        try:
+            self._observe(event)
+        except Exception:  # noqa: BLE001
+            pass
 
     def on_failure(self, error: Exception, event: RequestEvent) -> None:
         """The output worker caught `error` from `on_event(event)`: this request ends with an
@@ -191,7 +199,7 @@ class ResponseBridge:
         """The engine's end, settled against a stop the processor matched before it, and against
         the tokens the processor was given (an end reported without its count)."""
         num_output_tokens = self._output.num_output_tokens
-        if self._output.is_stopped and event.reason in _OUTRUN:
+        if self._output.is_stopped and event.reason not in _FAILURES:  # an end reached past the stop
             return event._replace(reason=FinishReason.STOP, num_output_tokens=num_output_tokens)
         if event.num_output_tokens < num_output_tokens:
             return event._replace(num_output_tokens=num_output_tokens)
