@@ -57,9 +57,14 @@ def test_generate_refuses_prompts_that_are_not_utf8(tokenizer):
 
 def _tiny(vocab: list[str], **model) -> Tokenizer:
     """A BPE tokenizer over `vocab` (each longer token merged from its first character and the rest,
-    where both are tokens)."""
+    where both are tokens), with an unknown token ``?`` unless `model` says otherwise (without
+    one, a BPE drops the characters it lacks; one character long, it lengthens no bound)."""
     from tokenizers.models import BPE
 
+    if "unk_token" not in model:
+        vocab, model = ["?", *vocab], {**model, "unk_token": "?"}
+    elif model["unk_token"] is None:
+        del model["unk_token"]
     merges = [(token[0], token[1:]) for token in vocab if token[0] in vocab and token[1:] in vocab]
     return Tokenizer(BPE({token: i for i, token in enumerate(vocab)}, merges, **model))
 
@@ -97,7 +102,7 @@ def test_white_space_an_added_token_strips_is_not_counted():
         bounds.check(["ab" * 41])
 
 
-@pytest.mark.parametrize("component", ["replace", "strip_accents", "fused_unk"])
+@pytest.mark.parametrize("component", ["replace", "strip_accents", "fused_unk", "bpe_without_unk"])
 def test_no_bound_where_the_tokenizer_can_drop_any_text(component):
     """A normalizer that can replace text with nothing, or a model that reads any run of unknown
     characters as one token, makes any length of text fit: there is no bound before tokenizing."""
@@ -105,6 +110,8 @@ def test_no_bound_where_the_tokenizer_can_drop_any_text(component):
 
     if component == "fused_unk":
         tokenizer, text = _tiny(["<unk>", "a"], unk_token="<unk>", fuse_unk=True), "a" + "\x00" * 2000
+    elif component == "bpe_without_unk":  # characters it lacks are dropped
+        tokenizer, text = _tiny(["a"], unk_token=None), "a" + "z" * 2000
     else:
         tokenizer, text = _tiny(["a"]), "a" + "\u0301" * 2000
         tokenizer.normalizer = (normalizers.Replace("\u0301", "") if component == "replace"

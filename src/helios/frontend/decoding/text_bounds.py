@@ -120,7 +120,8 @@ def _reach(tokenizer) -> tuple[int, bool] | None:
     the added tokens' lstrip/rstrip."""
     normalizer = _component(tokenizer, "normalizer")
     pre_tokenizer = _component(tokenizer, "pre_tokenizer")
-    if normalizer is False or pre_tokenizer is False or _fuses_unknown(getattr(tokenizer, "model", None)):
+    if (normalizer is False or pre_tokenizer is False
+            or _fuses_unknown(getattr(tokenizer, "model", None), _is_byte_level(pre_tokenizer))):
         return None
     reach = _normalizer_reach(normalizer) if normalizer else (1, False)
     splits = _pre_tokenizer_drops_space(pre_tokenizer) if pre_tokenizer else False
@@ -187,21 +188,33 @@ def _pre_tokenizer_drops_space(spec: dict) -> bool | None:
     return None
 
 
-def _fuses_unknown(model) -> bool:
-    """Whether the model can read a run of characters of any length as one token: an unknown word
-    (WordPiece, WordLevel), or fused unknown characters (BPE with fuse_unk, Unigram) where no byte
-    fallback spells them."""
+def _fuses_unknown(model, byte_level: bool = False) -> bool:
+    """Whether the model can read a run of characters of any length as one token (or as none): an
+    unknown word (WordPiece, WordLevel), fused unknown characters (BPE with fuse_unk, Unigram) where
+    no byte fallback spells them, or a BPE without an unknown token, which drops characters it lacks
+    (unless a byte-level pre-tokenizer spells every character in bytes it has)."""
     if model is None:
         return False
     kind = type(model).__name__
     if kind in ("WordPiece", "WordLevel"):
         return True
     if kind == "BPE":
-        return bool(model.unk_token) and model.fuse_unk and not _falls_back_to_bytes(model)
+        if not model.unk_token:
+            return not byte_level and not _falls_back_to_bytes(model)
+        return model.fuse_unk and not _falls_back_to_bytes(model)
     if kind == "Unigram":
         state = json.loads(model.__getstate__())
         return state.get("unk_id") is not None and not (state.get("byte_fallback") and _falls_back_to_bytes(model))
     return False
+
+
+def _is_byte_level(spec: dict | None) -> bool:
+    """Whether a pre-tokenizer (serialized) maps text to byte-level characters (GPT-2's alphabet)."""
+    if not spec:
+        return False
+    if spec.get("type") == "Sequence":
+        return any(_is_byte_level(part) for part in spec.get("pretokenizers", ()))
+    return spec.get("type") == "ByteLevel"
 
 
 def _falls_back_to_bytes(model) -> bool:
