@@ -218,9 +218,12 @@ async def _client_streams(url: str, model: str, batch, output: int, start_at: fl
 
 
 async def _one_stream(client, model: str, prompt: list[int], output: int) -> tuple[int, float] | str:
-    """(output tokens, monotonic time of the first chunk with text) or an error line."""
+    """(output tokens, monotonic time of the first chunk with a token) or an error line."""
+    # `return_token_ids`: a chunk for every token. Without it a token whose text is empty sends none,
+    # and most of a random checkpoint's tokens are ids past its small tokenizer, which decode to "":
+    # such a stream carried a handful of chunks where a trained model's carries one a token.
     body = {"model": model, "prompt": prompt, "max_tokens": output, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "return_token_ids": True}
     last = first = None
     async with client.stream("POST", "/v1/completions", json=body) as response:
         if response.status_code != 200:
@@ -228,7 +231,7 @@ async def _one_stream(client, model: str, prompt: list[int], output: int) -> tup
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
                 last = line
-                if first is None and '"text"' in line:
+                if first is None and '"token_ids"' in line:
                     first = time.monotonic()
     if last is None:
         return "no data"
