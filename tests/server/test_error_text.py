@@ -143,7 +143,9 @@ def test_json_media_types_are_read_as_json(app, content_type):
 
 
 @pytest.mark.parametrize("content_type", ["application/json;charset=UTF-8", 'application/json; charset="utf-8"',
-                                          "application/json; charset=utf8", "application/vnd.api+json; charset=utf-8"])
+                                          "application/json; charset=utf8", "application/vnd.api+json; charset=utf-8",
+                                          # an ASCII body reads alike under these (Java clients send ISO-8859-1)
+                                          "application/json; charset=us-ascii", "application/json; charset=ISO-8859-1"])
 def test_a_utf8_charset_is_read_as_json(app, content_type):
     response = call(app, "POST", "/v1/chat/completions", chat(max_tokens=1), content_type=content_type)
     assert response.status_code == 200, response.text

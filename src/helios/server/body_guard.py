@@ -17,9 +17,10 @@ itself, with an OpenAI-style error body, when the body
   ``Accept-Encoding: identity`` (read, then answered, as above; a compressed body was refused as
   invalid UTF-8 or JSON, and a plain one labelled compressed was served);
 - is sent with a JSON Content-Type whose ``charset`` parameter names another encoding than UTF-8
-  (``latin-1``, ``utf-16``): 415 `UnsupportedCharset` naming it (JSON over HTTP is UTF-8, RFC 8259
-  8.1; read as UTF-8 regardless, a latin-1 body whose bytes happen to be valid UTF-8 was silently
-  read as other text: ``Ã©`` as ``é``);
+  (``latin-1``, ``utf-16``) and holds a byte past ASCII: 415 `UnsupportedCharset` naming it (JSON
+  over HTTP is UTF-8, RFC 8259 8.1; read as UTF-8 regardless, a latin-1 body whose bytes happen to
+  be valid UTF-8 was silently read as other text: ``Ã©`` as ``é``). An ASCII body reads the same
+  under ``us-ascii`` or ``ISO-8859-1`` (Java clients' default label) and is served;
 - is not strict UTF-8 (invalid bytes, UTF-8-encoded surrogates) or starts with a byte-order mark:
   400 `MalformedBody`;
 - is not strict JSON: ``NaN``/``Infinity`` literals, numbers beyond the float range (``1e999``,
@@ -249,8 +250,8 @@ class BodyGuard:
                 content_type = content_type_of(scope)
                 if not is_json_media_type(content_type):
                     raise UnsupportedMediaType(content_type)  # read first: a body left unread resets the connection
-                if (charset := non_utf8_charset(content_type)) is not None:
-                    raise UnsupportedCharset(charset)
+                if (charset := non_utf8_charset(content_type)) is not None and not body.isascii():
+                    raise UnsupportedCharset(charset)  # ASCII bytes read alike in every charset clients send
                 check_body_codings(scope)
                 scope[PARSED_BODY_KEY] = await _parsed(body)
         except RequestError as error:
