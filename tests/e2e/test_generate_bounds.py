@@ -157,12 +157,14 @@ def test_a_closed_standard_error_keeps_failed_prompts_out_of_the_output(core, mo
     from types import SimpleNamespace
 
     import helios.cli.generate_cmd as generate_cmd
+    from helios.contract import serving_pb2 as spb
     from helios.runtime.offline import Generation
     from helios.runtime.records.events import FinishReason
 
     tokenizer_json = (core.path.parent / "checkpoint" / "tokenizer.json").read_bytes()
     runtime = SimpleNamespace(engine=None, close=lambda: None,
                               model=SimpleNamespace(tokenizer_json=tokenizer_json,
+                                                    prepared=SimpleNamespace(contract=spb.ServingContract()),
                                                     settings=SimpleNamespace(eos_token_ids=())))
     monkeypatch.setattr(generate_cmd, "build_runtime", lambda *args: runtime)
     monkeypatch.setattr(generate_cmd, "generate",

@@ -217,7 +217,7 @@ def _output_limits(prompts: list[list[int]], max_tokens: int | None, prepared) -
     return limits
 
 
-def _output_text(tokenizer: Tokenizer, token_ids, context_ids, clean_up_spaces: bool) -> str:
+def _output_text(tokenizer: Tokenizer, token_ids, context_ids, clean_up_spaces: bool = False) -> str:
     """The output's text as it continues `context_ids` (a plain prompt: a SentencePiece word keeps
     its leading space, as the server's text completions have it; a chat prompt's answer starts the
     text), special tokens left out, with the core's tokenization-space cleanup where it has one."""
