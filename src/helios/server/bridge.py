@@ -42,6 +42,7 @@ caught in `on_event`, anything else the output worker reports through `on_failur
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Union
@@ -51,6 +52,8 @@ from helios.frontend.responses.output import OutputFinal, OutputProcessor, Outpu
 from helios.frontend.responses.presentation import failure_error
 from helios.runtime.records.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent
 from helios.server.admission import Permit
+
+logger = logging.getLogger(__name__)
 
 _FAILURES = (FinishReason.REJECTED, FinishReason.ERROR)
 
@@ -128,6 +131,7 @@ class ResponseBridge:
         self._outbox = outbox
         self._stop = stop
         self._observe = observe
+        self._has_hook_failed = False  # logged once per response, not once per token
         self._stream_interval = stream_interval
         self._held: list[OutputStep] = []  # worker side: steps waiting for the stream interval
         self._has_posted_step = False  # worker side
@@ -183,8 +187,10 @@ class ResponseBridge:
         request (its error would reach `on_failure` and end a response whose output succeeded)."""
         try:
             self._observe(event)
-        except Exception:  # noqa: BLE001
-            pass
+        except Exception:  # noqa: BLE001 - logged once, so a broken hook does not go unnoticed
+            if not self._has_hook_failed:
+                self._has_hook_failed = True
+                logger.exception("a request's metrics hook failed (the request goes on)")
 
     def on_failure(self, error: Exception, event: RequestEvent) -> None:
         """The output worker caught `error` from `on_event(event)`: this request ends with an
