@@ -124,3 +124,14 @@ def test_a_core_declaring_the_cleanup_serves_cleaned_text(word_level, declared):
     _, final = run_output(prepared, ids)
     text = prepared.response_body(final)["choices"][0]["message"]["content"]
     assert text == (reference.decode(ids) if declared else SENTENCE)
+
+
+def test_helios_generate_prints_the_cleaned_text(word_level):
+    """`helios generate`'s text of an output: cleaned as transformers' decode (skipping special tokens)
+    where the core says so, as it was not before the flag reached it."""
+    from helios.cli.generate_cmd import _output_text
+
+    tokenizer, reference = word_level
+    ids = tokenizer.encode(SENTENCE).ids
+    assert _output_text(tokenizer, ids, (), clean_up_spaces=True) == reference.decode(ids, skip_special_tokens=True)
+    assert _output_text(tokenizer, ids, ()) == tokenizer.decode(ids) != reference.decode(ids)
