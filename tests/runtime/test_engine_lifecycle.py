@@ -119,21 +119,28 @@ def test_a_request_submitted_through_the_sink_after_shutdown_ends_at_once():
     assert [(e.request_id, e.reason) for b in batches for e in b.events] == [("late", FinishReason.CANCELLED)]
 
 
-def test_an_interrupt_mid_round_then_shutdown_ends_every_request_once():
-    """Ctrl-C inside a round of `run_until_idle` (here: while the third plan is finished), then the
-    caller's `shutdown` (`Runtime.close` in a `finally`): every request gets its finish event."""
+def _interrupted_then_shut_down(at_sequence: int):
+    """An engine driven by `run_until_idle` over every prompt, interrupted (Ctrl-C) while plan
+    `at_sequence` is finished, then shut down; (engine, its requests' recorder)."""
     engine, executor = engine_of()
     record = Recorder()
     submit_all(engine, record)
 
     def interrupt(plan):
-        if plan.sequence == 2:
+        if plan.sequence == at_sequence:
             raise KeyboardInterrupt
 
     executor.on_finish = interrupt
     with pytest.raises(KeyboardInterrupt):
         engine.run_until_idle()
     engine.shutdown()
+    return engine, record
+
+
+def test_an_interrupt_mid_round_then_shutdown_ends_every_request_once():
+    """Ctrl-C inside a round of `run_until_idle` (here: while the third plan is finished), then the
+    caller's `shutdown` (`Runtime.close` in a `finally`): every request gets its finish event."""
+    engine, record = _interrupted_then_shut_down(at_sequence=2)
     assert record.reasons() == {rid: [FinishReason.CANCELLED] for rid in PROMPTS}
     engine.submit(EngineRequest(spec("late", (1, 2, 3), 4), record))
     assert record.reasons()["late"] == [FinishReason.CANCELLED]
@@ -145,18 +152,7 @@ def test_run_until_idle_after_an_interrupted_round_and_shutdown_returns_at_once(
     at once, and a later offline batch ends CANCELLED instead."""
     from helios.runtime.offline import generate
 
-    engine, executor = engine_of()
-    record = Recorder()
-    submit_all(engine, record)
-
-    def interrupt(plan):
-        if plan.sequence == 1:
-            raise KeyboardInterrupt
-
-    executor.on_finish = interrupt
-    with pytest.raises(KeyboardInterrupt):
-        engine.run_until_idle()
-    engine.shutdown()
+    engine, _ = _interrupted_then_shut_down(at_sequence=1)
     assert engine.scheduler.has_work  # the interrupted plan's flight
     rounds = engine.progress
     engine.run_until_idle()

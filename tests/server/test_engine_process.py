@@ -199,89 +199,78 @@ def test_a_startup_error_in_the_engine_process_is_raised_with_its_type(core):
         _start(core, RuntimeOptions(LoadOptions(device="meta"), queue_capacity=4))
 
 
+class _Unready:
+    """An engine process that never sends its ready record: `kill` ends it where `killed_by_kill`
+    (one still loading), else it ends once reaped by `join` (one that crashed: its pipe closed as it
+    died, and it looks alive until reaped)."""
+
+    def __init__(self, killed_by_kill: bool):
+        self.exitcode = None
+        self._killed_by_kill = killed_by_kill
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def kill(self) -> None:
+        if self._killed_by_kill:
+            self.exitcode = -9
+
+    def join(self, timeout=None) -> None:
+        if not self._killed_by_kill:
+            self.exitcode = -9  # reaped: killed by SIGKILL (the host's out-of-memory killer)
+
+
+class _Pipe:
+    """The serving process's end of an unready engine process's pipe: silent, or at its end."""
+
+    def __init__(self, ended: bool):
+        self._ended = ended
+
+    def send(self, message) -> None:
+        pass
+
+    def poll(self, timeout) -> bool:
+        if not self._ended:
+            time.sleep(min(timeout, 0.05))
+        return self._ended
+
+    def recv(self):
+        raise EOFError
+
+    def close(self) -> None:
+        pass
+
+
+def _start_unready(core, process: _Unready, pipe: _Pipe, timeout_s: float):
+    from helios.server.engine_spawn import EngineSpawn
+
+    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
+    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
+    return start_engine_process(source, opened.prepared, RuntimeOptions(), timeout_s=timeout_s,
+                                spawned=EngineSpawn(process, pipe))
+
+
 def test_an_engine_process_still_loading_at_the_startup_timeout_is_reported_as_late(core):
     """It was killed at the deadline, and the error named the kill ("killed by SIGKILL while
     starting") as if the process had died by itself."""
     from helios.errors import ExecutionError
-    from helios.server.engine_spawn import EngineSpawn
 
-    class Loading:
-        """An engine process that loads for good until it is killed."""
-
-        def __init__(self):
-            self.exitcode = None
-
-        def is_alive(self) -> bool:
-            return self.exitcode is None
-
-        def kill(self) -> None:
-            self.exitcode = -9
-
-        def join(self, timeout=None) -> None:
-            pass
-
-    class Pipe:
-        def send(self, message) -> None:
-            pass
-
-        def poll(self, timeout) -> bool:
-            time.sleep(min(timeout, 0.05))
-            return False
-
-        def close(self) -> None:
-            pass
-
-    process = Loading()
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
+    process = _Unready(killed_by_kill=True)
     with pytest.raises(ExecutionError, match="did not become ready within 0.2 s"):
-        start_engine_process(source, opened.prepared, RuntimeOptions(), timeout_s=0.2,
-                             spawned=EngineSpawn(process, Pipe()))
+        _start_unready(core, process, _Pipe(ended=False), timeout_s=0.2)
     assert not process.is_alive()
-
 
 
 def test_an_engine_process_that_crashed_while_loading_is_not_reported_as_late(core):
     """Its pipe ends (end of file) before the process is reaped, so it still looked alive when the
     wait returned: the crash was reported as a startup timeout ("did not become ready within ...")."""
     from helios.errors import ExecutionError
-    from helios.server.engine_spawn import EngineSpawn
 
-    class Crashed:
-        """An engine process whose pipe closed as it died, not yet reaped (alive until joined)."""
-
-        def __init__(self):
-            self.exitcode = None
-
-        def is_alive(self) -> bool:
-            return self.exitcode is None
-
-        def kill(self) -> None:
-            pass
-
-        def join(self, timeout=None) -> None:
-            self.exitcode = -9  # reaped: killed by SIGKILL (the host's out-of-memory killer)
-
-    class Ended:
-        def send(self, message) -> None:
-            pass
-
-        def poll(self, timeout) -> bool:
-            return True
-
-        def recv(self):
-            raise EOFError
-
-        def close(self) -> None:
-            pass
-
-    opened = open_core(core.path, accept=core.namespace, trusted_keys=[core.public_key])
-    source = CoreSource(str(core.path), core.namespace, (str(core.public_key),))
     with pytest.raises(ExecutionError) as raised:
-        start_engine_process(source, opened.prepared, RuntimeOptions(), timeout_s=30,
-                             spawned=EngineSpawn(Crashed(), Ended()))
+        _start_unready(core, _Unready(killed_by_kill=False), _Pipe(ended=True), timeout_s=30)
     assert "did not become ready" not in str(raised.value)
     assert "while starting" in str(raised.value)
+
 
 def test_a_batch_crosses_the_pipe_unchanged():
     import pickle
