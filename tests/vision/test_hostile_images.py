@@ -26,7 +26,7 @@ import pytest
 
 from helios.frontend.images import decode as decode_module
 from helios.frontend.images import pipeline as pipeline_module
-from helios.frontend.images.decode import ImageLimits, decode_image_urls
+from helios.frontend.images.decode import MAX_DATA_URL_HEADER, ImageLimits, decode_image_urls
 from helios.frontend.images.errors import ImageRejected
 from helios.frontend.images.preparation import PreparationParams, prepare_image
 from helios.server.app import create_app
@@ -198,7 +198,7 @@ def test_malformed_payloads_are_named(url, problem):
 
 @pytest.mark.parametrize("url", [
     "x" * 100_000 + ":cat.png",
-    "data:image/" + "x" * 100_000 + ";base64,AAAA",
+    "data:image/" + "x" * 1_000 + ";base64,AAAA",  # (a longer header is refused unquoted: see below)
     "http://127.0.0.1:1/" + "\x01" * 100_000,
 ], ids=["scheme", "media-type", "fetched-url"])
 def test_an_error_quotes_at_most_a_clip_of_the_client_text(url):
@@ -206,6 +206,24 @@ def test_an_error_quotes_at_most_a_clip_of_the_client_text(url):
         decode_image_urls([url], ALLOWED)
     assert "characters)" in str(caught.value)
     assert len(str(caught.value)) < 400, str(caught.value)[:400]
+
+
+def test_a_data_url_header_is_bounded_before_it_is_parsed():
+    """A data: URL's header (media type and parameters, before its first comma) of more than
+    `MAX_DATA_URL_HEADER` characters is refused unparsed: the header regex held the GIL about half a
+    microsecond a character, so a body-sized header of semicolons stalled every thread of the server,
+    its event loop included, for seconds (and one ending in ;base64 before a valid payload was served).
+    A header at the bound, and a URL of no comma however long, are judged as before."""
+    payload = base64.b64encode(image_bytes(40, 30, 1)).decode()
+    long_header = "data:image/png" + ";" * 2_000_000 + ";base64"
+    with pytest.raises(ImageRejected, match=f"has {len(long_header)} characters; at most {MAX_DATA_URL_HEADER} are"):
+        decode_image_urls([long_header + "," + payload], LIMITS)
+    with pytest.raises(ImageRejected, match=re.escape("malformed data: URL (expected data:image/...;base64,...)")):
+        decode_image_urls(["data:image/png" + ";" * 2_000_000 + "base64" + payload], LIMITS)
+    name = ";name=" + "x" * (MAX_DATA_URL_HEADER - len("data:image/png;name=;base64"))
+    at_bound = f"data:image/png{name};base64"
+    assert len(at_bound) == MAX_DATA_URL_HEADER
+    assert decode_image_urls([f"{at_bound},{payload}"], LIMITS)[0].image.size == (40, 30)
 
 
 def test_the_default_limits_are_the_documented_ones():

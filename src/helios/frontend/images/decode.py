@@ -17,7 +17,8 @@ checked address itself (the Host header and TLS name stay the URL's), so a name 
 in between cannot switch it.
 
 Every failure is an `ImageRejected` (HTTP 400) naming the problem: a remote URL while fetching is
-off, a failed fetch, an internal host, a malformed data URL or base64 payload (whitespace, URL-safe
+off, a failed fetch, an internal host, a malformed data URL (a header, before its comma, of more
+than `MAX_DATA_URL_HEADER` characters included) or base64 payload (whitespace, URL-safe
 characters and missing padding named as such), a media type that is not an image, more bytes or
 pixels than the limits (a decompression bomb whose header declares billions of pixels included),
 a JPEG of more than `MAX_JPEG_SCANS` scans (each costs a pass over the whole image), bytes that
@@ -52,8 +53,13 @@ FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF"
 # Media types a data: URL may name: the formats', and image/jpg, a common non-standard alias of
 # image/jpeg. The bytes decide the format either way (sniffed by `decode_image`).
 MEDIA_TYPES = frozenset({*FORMATS.values(), "image/jpg"})
-_DATA_URL = re.compile(r"^data:(?P<media>[A-Za-z0-9.+/-]*)(?P<params>(;[^;,]*)*?)(?P<b64>;base64)?,(?P<data>.*)$",
-                       re.DOTALL | re.IGNORECASE)
+# A data: URL's header, the part before its first comma: media type, parameters and ;base64.
+_DATA_HEADER = re.compile(r"data:(?P<media>[A-Za-z0-9.+/-]*)(?P<params>(;[^;,]*)*?)(?P<b64>;base64)?", re.IGNORECASE)
+# Characters a data: URL's header may have: a media type (RFC 6838: at most 127 characters a name) and
+# a few parameters. Bounded before the header is parsed: the regex takes about half a microsecond a
+# character holding the GIL, so a body-sized header (15 MB of ";") stalled every thread of the server,
+# its event loop included, for seconds.
+MAX_DATA_URL_HEADER = 1024
 _NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
 _NOT_SENT_RAW = re.compile(r"[^\x00-\x7f]+| ")  # what a fetched URL's path, query and fragment percent-encode
 # Scans a JPEG may have. libjpeg decodes every scan of a progressive JPEG over the whole coefficient
@@ -96,7 +102,11 @@ def image_bytes_of(url: str, limits: ImageLimits, deadline: float | None = None)
             raise ImageRejected("remote image URLs are not fetched by this server; send a data: URL")
         named = f"; {_clipped(scheme)!r} URLs are not accepted" if scheme else ""
         raise ImageRejected(f"image_url must be a data: URL (data:image/png;base64,...){named}")
-    match = _DATA_URL.match(url)
+    header, comma, payload = url.partition(",")
+    if comma and len(header) > MAX_DATA_URL_HEADER:
+        raise ImageRejected(f"malformed data: URL: its header (media type and parameters, before the first comma) "
+                            f"has {len(header)} characters; at most {MAX_DATA_URL_HEADER} are accepted")
+    match = _DATA_HEADER.fullmatch(header) if comma else None
     if match is None:
         raise ImageRejected("malformed data: URL (expected data:image/...;base64,...)")
     media = match.group("media").lower()
@@ -105,7 +115,6 @@ def image_bytes_of(url: str, limits: ImageLimits, deadline: float | None = None)
                             "image/webp or image/gif")
     if not match.group("b64"):
         raise ImageRejected("data: URL images must be base64-encoded (;base64)")
-    payload = match.group("data")
     if len(payload) > (limits.max_bytes + 2) // 3 * 4 + 4:
         raise ImageRejected(f"image is larger than the {limits.max_bytes}-byte limit")
     try:
