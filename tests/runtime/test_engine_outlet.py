@@ -225,26 +225,57 @@ def test_a_logit_bias_on_a_core_whose_programs_take_none_is_rejected(engine):
     assert finishes["plain"].reason is FinishReason.LENGTH
 
 
-def test_a_rejected_duplicate_id_leaves_the_running_namesakes_count_alone(engine):
-    """A duplicate of a running sink request's id, submitted after its fourth token: the duplicate
-    is rejected, and the frontend's later stop after token 2 still counts 2 tokens. The rejection
-    counted the namesake's tokens so far (its count kept for its end) and every later one at once,
-    so `generated_tokens` held tokens generated past the stop."""
+def test_a_duplicate_sink_id_is_refused_and_the_running_namesake_keeps_its_end_and_count(engine):
+    """A duplicate of a running sink request's id, submitted after its fourth token: refused at
+    `submit` (`DuplicateRequestId`), and the frontend's later stop after token 2 still counts 2 tokens.
+    Before: the duplicate was queued and rejected, and its REJECTED end went to the sink under the
+    running request's id: its consumer saw its response end, and then a second end (STOP). (Earlier
+    still, the rejection counted the namesake's tokens and every later one at once.)"""
+    from helios.runtime.engine import DuplicateRequestId
+
     batches: list[StepBatch] = []
+    refused = []
 
     def sink(batch: StepBatch) -> None:
         batches.append(batch)
         seen = tokens_of([e for b in batches for e in b.events], "s")
-        if len(seen) == 4 and not engine.stats.requests_rejected:
-            engine.submit(request("s", 5))
-        if len(seen) == 6:
+        if len(seen) == 4 and not refused:
+            with pytest.raises(DuplicateRequestId, match="request s: a request of this id is still running"):
+                engine.submit(request("s", 5))
+            refused.append("s")
+        if len(seen) == 6 and len(refused) == 1:
             engine.stop_matched("s", 2)
+            refused.append("stopped")
 
     engine.connect(sink)
     engine.submit(request("s", 10, stop_strings=("zz",)))
     engine.run_until_idle()
     finishes = [e for b in batches for e in b.events if isinstance(e, FinishEvent)]
-    assert [f.reason for f in finishes] == [FinishReason.REJECTED, FinishReason.STOP]
-    assert finishes[1].num_output_tokens == 2
+    assert refused and [f.reason for f in finishes] == [FinishReason.STOP]
+    assert finishes[0].num_output_tokens == 2
     assert engine.stats.generated_tokens == 2
-    assert engine.stats.requests_rejected == 1 and engine.stats.requests_finished["stop"] == 1
+    assert engine.stats.requests_rejected == 0 and engine.stats.requests_finished["stop"] == 1
+    again: list[StepBatch] = []
+    engine.connect(again.append)
+    engine.submit(request("s", 3))  # ended: its id may be used again
+    engine.run_until_idle()
+    assert [e.reason for b in again for e in b.events if isinstance(e, FinishEvent)] == [FinishReason.LENGTH]
+
+
+def test_a_duplicate_waiting_sink_id_is_refused_and_an_on_event_namesake_is_rejected_alone(engine):
+    """Two sink requests of one id both waiting for admission: before, the second was rejected
+    after the first was admitted, its end reaching the first's consumer. A request with its own
+    `on_event` is no sink request: its duplicate ends REJECTED there alone."""
+    from helios.runtime.engine import DuplicateRequestId
+
+    batches: list[StepBatch] = []
+    inline = []
+    engine.connect(batches.append)
+    engine.submit(request("w", 3))
+    with pytest.raises(DuplicateRequestId):
+        engine.submit(request("w", 3))
+    engine.submit(request("w", 3, inline.append))
+    engine.run_until_idle()
+    finishes = [(e.request_id, e.reason) for b in batches for e in b.events if isinstance(e, FinishEvent)]
+    assert finishes == [("w", FinishReason.LENGTH)]
+    assert [e.reason for e in inline if isinstance(e, FinishEvent)] == [FinishReason.REJECTED]

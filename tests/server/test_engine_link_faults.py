@@ -164,3 +164,159 @@ def test_a_submission_whose_write_fails_before_the_reader_saw_the_death_ends_wit
     link.connect(batches.append)
     link.submit(EngineRequest(RequestSpec("r", (5, 6, 7), 4)))
     assert [(e.request_id, e.reason, e.message) for e in finishes(batches)] == [("r", FinishReason.ERROR, DIED)]
+
+
+def test_shutdown_closes_the_serving_end_of_the_pipe(pipe):
+    """Before: `shutdown` left the serving process's end open, one descriptor leaked for every engine
+    process a serving process started and stopped (a test session's servers, a restart in one process)."""
+    ours, theirs = pipe
+    link = started_link(ours, lambda batch: None)
+    theirs.send(Shutdown())  # the engine process's last message
+    link.shutdown(timeout=5.0)
+    assert ours.closed
+    link.cancel("late")  # a command after it is dropped, as after a death
+    link.shutdown(timeout=5.0)  # idempotent
+
+
+class _Engine:
+    """The engine `serve_link` serves, as far as it reads it: a request's end goes to the sink at once,
+    a finish whose message (a lock) does not pickle for the request named "unpicklable"."""
+
+    def __init__(self):
+        from helios.runtime.records.stats import WorkerStats
+
+        self.stats = WorkerStats()
+        self.sink = None
+        self.is_healthy, self.progress, self.has_pending, self.failure = True, 0, False, None
+        self.submitted: list[str] = []
+
+    def connect(self, sink) -> None:
+        self.sink = sink
+
+    def start(self) -> None:
+        pass
+
+    def refresh_gauges(self) -> None:
+        pass
+
+    def submit(self, request: EngineRequest) -> None:
+        import threading
+
+        spec = request.spec
+        message = threading.Lock() if spec.request_id == "unpicklable" else ""
+        self.sink(StepBatch((FinishEvent(spec.request_id, FinishReason.LENGTH, len(spec.prompt_ids), 1, 0, message),)))
+        self.submitted.append(spec.request_id)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_batch_the_engine_process_cannot_pickle_ends_every_request_with_the_reason_and_marks_the_link_unhealthy(
+        pipe):
+    """Before: the engine process's sender thread died on the `TypeError` (a message it queued: the
+    pipe held unread bytes); nothing was sent after it, beats included, so every request hung and
+    the sender's queue grew without bound. Now the engine process stops serving as for a failed
+    worker (`Died`, naming why), and the link ends the requests with that error."""
+    import threading
+
+    from helios.runtime.engine_link import serve_link
+
+    ours, theirs = pipe
+    engine = _Engine()
+    engine_side = threading.Thread(target=serve_link, args=(theirs, engine, lambda source: None), daemon=True)
+    engine_side.start()
+    batches: list[StepBatch] = []
+    link = EngineLink(ours, _ThreadProcess(engine_side))
+    link.connect(batches.append)
+    link.submit(EngineRequest(RequestSpec("waiting", (5, 6, 7), 8)))  # ended by the engine: tracked no more
+    link.submit(EngineRequest(RequestSpec("unpicklable", (5, 6), 8)))
+    link._outstanding["held"] = 4  # a request the engine process still runs
+    wait_for(lambda: len(engine.submitted) == 2)  # both ends queued behind the unread beat, then the reader starts
+    link.start()
+    wait_for(lambda: not link.is_healthy)
+    engine_side.join(10.0)
+    assert not engine_side.is_alive()
+    ended = {e.request_id: e for e in finishes(batches)}
+    assert ended["waiting"].reason is FinishReason.LENGTH
+    for request_id in ("unpicklable", "held"):
+        assert ended[request_id].reason is FinishReason.ERROR and "could not be sent" in ended[request_id].message
+    assert "TypeError" in link.failure and "could not be sent" in link.failure
+    link.shutdown(timeout=5.0)
+
+
+class _ThreadProcess:
+    """An engine 'process' that is a thread of this one (the link only joins, kills and polls it)."""
+
+    def __init__(self, thread):
+        self._thread = thread
+        self.exitcode = None
+
+    def join(self, timeout=None) -> None:
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def kill(self) -> None:
+        raise AssertionError("the engine side should have ended by itself")
+
+
+class _GaugedEngine(_Engine):
+    """An engine whose stats snapshot counts the worker's gauge refreshes (in `generated_tokens`),
+    and whose first snapshot on the command loop waits (at most a second) for the worker's."""
+
+    def __init__(self):
+        import threading
+
+        super().__init__()
+        self.version = 0
+        self.loop_took, self.worker_took = threading.Event(), threading.Event()
+        self.stats = self
+
+    def refresh_gauges(self) -> None:
+        self.version += 1
+
+    def snapshot(self):
+        import dataclasses
+        import threading
+
+        from helios.runtime.records.stats import WorkerStats
+
+        taken = dataclasses.replace(WorkerStats().snapshot(), generated_tokens=self.version)
+        if threading.current_thread().name == "worker":
+            self.worker_took.set()
+        elif not self.loop_took.is_set():
+            self.loop_took.set()
+            self.worker_took.wait(1.0)  # the worker's snapshot and message come meanwhile (else after)
+        return taken
+
+
+def test_the_engine_process_never_sends_gauges_older_than_those_it_sent_before(pipe):
+    """The command loop's idle stats and the worker's stats sent with a finish were each read, then
+    sent, with nothing holding the two together: a snapshot the command loop read before the worker's
+    was sent after it, and the serving process kept the older gauges (a finished request still
+    active) until they next changed, since the newer ones counted as already sent."""
+    import threading
+
+    from helios.runtime.engine_link import serve_link, stats_of
+
+    ours, theirs = pipe
+    engine = _GaugedEngine()
+    engine_side = threading.Thread(target=serve_link, args=(theirs, engine, lambda source: None), daemon=True)
+    engine_side.start()
+    assert engine.loop_took.wait(10.0)  # the command loop reads its first idle snapshot
+    worker = threading.Thread(name="worker", target=lambda: engine.sink(
+        StepBatch((FinishEvent("r", FinishReason.LENGTH, 3, 1, 0),))))
+    worker.start()
+    worker.join(10.0)
+    ours.send(Shutdown())
+    received = []
+    while True:  # every gauge message, the engine process's last one (its final gauges) included
+        assert ours.poll(10.0)
+        message = ours.recv()
+        if isinstance(message, Shutdown):
+            break
+        if isinstance(message, Batch) and message.stats is not None:
+            received.append(stats_of(message.stats).generated_tokens)
+    engine_side.join(10.0)
+    assert received == sorted(received) and received[-1] == 1, received

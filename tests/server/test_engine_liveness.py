@@ -35,6 +35,9 @@ class _Pipe:
     def send(self, message) -> None:
         self.sent.append(message)
 
+    def close(self) -> None:
+        pass
+
 
 def link_after(*beats: tuple[float, int, bool]) -> EngineLink:
     """A link that took `beats` ((seconds before now, progress, has_pending), oldest first)."""

@@ -65,7 +65,13 @@ from helios.runtime.records.events import (FinishEvent, FinishReason, PromptScor
                                           rejected)
 
 
-__all__ = ["Engine", "EngineRequest", "EngineStateError", "GrammarState"]
+__all__ = ["DuplicateRequestId", "Engine", "EngineRequest", "EngineStateError", "GrammarState"]
+
+
+class DuplicateRequestId(ValueError):
+    """`submit` of a sink request (`Engine`, `helios.runtime.engine_link.EngineLink`) whose id is
+    that of a sink request still outstanding: the sink's consumers know a request by its id, so the
+    duplicate's end (REJECTED) would reach the running request's consumer and end its response."""
 
 
 class EngineStateError(ExecutionError):
@@ -172,11 +178,18 @@ class Engine:
 
     def submit(self, request: EngineRequest) -> None:
         """Queues `request` for admission (any thread); its events go to its `on_event`, or to the
-        connected sink when it has none."""
+        connected sink when it has none. A sink request whose id is that of one still outstanding
+        (submitted, its end not yet handed to the outbox) is refused (`DuplicateRequestId`); a
+        duplicate with its own `on_event` ends REJECTED there, touching nothing else."""
         if request.on_event is None and self.outbox.sink is None:
             raise ValueError(f"request {request.spec.request_id} has no on_event and the engine no sink")
         with self._wake:
             if not self._is_closed:
+                if request.on_event is None:
+                    request_id = request.spec.request_id
+                    if request_id in self.outbox.outstanding:
+                        raise DuplicateRequestId(f"request {request_id}: a request of this id is still running")
+                    self.outbox.outstanding.add(request_id)
                 self._ingress.append(request)
                 self._wake.notify()
                 return

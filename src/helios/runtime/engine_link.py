@@ -25,8 +25,9 @@ process that stopped reading).
 
 What stays true across the boundary: every admitted request ends with exactly one `FinishEvent`.
 The link counts the requests it admitted until their finish comes back; if the engine process
-dies (or its worker loop fails, or the link cannot read or deliver one of its messages: a finish may
-be lost, so the process is killed), the link reports itself unhealthy and ends each of them with
+dies (or its worker loop fails, or it cannot send one of its messages: it stops serving and says
+why; or the link cannot read or deliver one of its messages: a finish may be lost, so the process is
+killed), the link reports itself unhealthy and ends each of them with
 ERROR ("the model worker died", with their prompt lengths: the tokens generated are counted by
 the responses, `helios.server.bridge`), and a later `submit` gets ERROR at once, as the engine does after
 its worker failed; `failure` then says why (the worker loop's error, or how the process ended). `shutdown` asks the engine process to stop (requests still running end
@@ -66,7 +67,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Callable, NamedTuple
 
-from helios.runtime.engine import Engine, EngineRequest
+from helios.runtime.engine import DuplicateRequestId, Engine, EngineRequest
 from helios.runtime.feedback import GrammarState
 from helios.runtime.stall_watch import DEFAULT_LIVENESS_TIMEOUT_S, StallWatch
 from helios.runtime.outlet import Cancel, EventSink, StepBatch, StopMatched
@@ -81,10 +82,6 @@ SHUT_DOWN = "the model worker shut down"
 DIRECT_EVENTS = 64  # a batch of at most this many events may be written by the thread that sent it
 HEARTBEAT_INTERVAL_S = 1.0  # how often the engine process's command loop says it is alive
 UNRESPONSIVE_GRACE_S = 2.0  # shutdown's wait for an engine process already unresponsive, before the kill
-
-
-class DuplicateRequestId(ValueError):
-    """`EngineLink.submit` of a request whose id is that of a request still outstanding."""
 
 
 class Admit(NamedTuple):
@@ -255,7 +252,7 @@ class EngineLink:
         """Stops the engine process after its current round; requests still running end CANCELLED
         (ERROR where it is gone). Blocking, for at most about `timeout` (`UNRESPONSIVE_GRACE_S`
         where the engine process is unresponsive or stalled) plus a few seconds: an engine process that did not
-        take the `Shutdown` record or exit by then is killed. Idempotent."""
+        take the `Shutdown` record or exit by then is killed; then the pipe is closed. Idempotent."""
         if self.unresponsive_reason is not None or self.stalled_reason is not None:
             timeout = min(timeout, UNRESPONSIVE_GRACE_S)
         self._is_stopping = True
@@ -268,6 +265,24 @@ class EngineLink:
             self._process.kill()
             self._process.join(5.0)
         self._end_outstanding(FinishReason.CANCELLED, SHUT_DOWN)
+        self._close_connection()
+
+    def _close_connection(self) -> None:
+        """Closes the serving end of the pipe once nothing reads or writes it (else each engine
+        process started and stopped in one serving process leaked a descriptor). Left open where the
+        reader still runs or a write still holds the pipe (both end with the process's kill): closing
+        under them would hand their next read or write a closed handle. Commands after it are dropped
+        (`_send` answers False), as after a death."""
+        if self._reader is not None and self._reader.is_alive():
+            return
+        if not self._send_lock.acquire(timeout=1.0):
+            return
+        try:
+            self._connection.close()
+        except OSError:
+            pass
+        finally:
+            self._send_lock.release()
 
     def _send_within(self, message, timeout: float) -> bool:
         """Sends `message` on a thread of its own; False if that did not end within `timeout` (the
@@ -374,16 +389,31 @@ class _BatchSender:
         self._is_writing = False  # a thread is in a write: later messages queue behind it
         self._is_closing = False
         self._is_broken = False  # the serving process is gone: nothing more is sent
+        # A message failed to pickle (nothing of it was written, so the pipe is whole): why. Its events
+        # (a finish among them, maybe) are lost, so only `Died` is sent after it (`serve_link` stops).
+        self.failure: str | None = None
         self.last_stats: tuple | None = None
+        self._stats_lock = threading.Lock()  # a snapshot read and sent in one order (`send_changed_stats`)
         self._thread = threading.Thread(target=self._run, name="helios-engine-sender", daemon=True)
         self._thread.start()
 
     def __call__(self, batch: StepBatch) -> None:
-        stats = None
         if any(type(e) is FinishEvent for e in batch.events):
             self._engine.refresh_gauges()  # the gauges the finish changed, before the response ends
+            with self._stats_lock:  # see `send_changed_stats`
+                self.send(Batch(wire_events(batch), self.changed_stats()))
+            return
+        self.send(Batch(wire_events(batch), None))
+
+    def send_changed_stats(self) -> None:
+        """Sends the gauges if they changed (the command loop, while idle). A snapshot is read and
+        its message sent under one lock, here and with a finish: else one read before another could
+        be sent after it, and the serving process kept the older gauges until they next changed
+        (the newer ones counted as sent)."""
+        with self._stats_lock:
             stats = self.changed_stats()
-        self.send(Batch(wire_events(batch), stats))
+            if stats is not None:
+                self.send(Batch(None, stats))
 
     def changed_stats(self) -> tuple | None:
         values = stats_fields(self._engine.stats.snapshot())
@@ -423,13 +453,15 @@ class _BatchSender:
         self._thread.join(timeout)
 
     def _write(self, messages: list) -> None:
-        if self._is_broken:
-            return
-        try:
-            for message in messages:
-                self._connection.send(message)
-        except (OSError, ValueError):
-            self._is_broken = True
+        for message in messages:
+            if self._is_broken or (self.failure is not None and type(message) is not Died):
+                return
+            try:
+                self._connection.send(message)  # pickled whole before any byte is written
+            except OSError:
+                self._is_broken = True
+            except Exception as error:  # noqa: BLE001 - a message that does not pickle: see `failure`
+                self.failure = f"a message to the serving process could not be sent: {type(error).__name__}: {error}"
 
     def _run(self) -> None:
         while True:
@@ -542,31 +574,30 @@ class _Compiling:
 def serve_link(connection, engine: Engine, compile_grammar: Callable[[str], Future[GrammarState]]) -> None:
     """The engine process's main loop: applies the serving process's commands to `engine` (built,
     not started) until `Shutdown` or the end of the pipe, then shuts the engine down. A worker loop
-    that fails is reported as `Died`. `compile_grammar(source)` starts compiling an admitted
-    request's matcher and returns at once (`helios.server.engine_grammars.EngineGrammars.compile_later`):
-    the request is held meanwhile (`_Compiling`), and the loop goes on with other commands."""
+    that fails, or a message that could not be sent (`_BatchSender.failure`), is reported as `Died`.
+    `compile_grammar(source)` starts compiling an admitted request's matcher and returns at once
+    (`helios.server.engine_grammars.EngineGrammars.compile_later`): the request is held meanwhile
+    (`_Compiling`), and the loop goes on with other commands."""
     sender = _BatchSender(connection, engine)
     engine.connect(sender)
     engine.start()
     compiling = _Compiling(engine, sender)
     next_beat = 0.0
     try:
-        while engine.is_healthy:
+        while engine.is_healthy and sender.failure is None:
             now = time.monotonic()
             if now >= next_beat:  # from this loop: a loop stopped or stuck sends none
                 sender.send(Beat(engine.progress, engine.has_pending))
                 next_beat = now + HEARTBEAT_INTERVAL_S
             if not connection.poll(STATS_INTERVAL_S):
-                stats = sender.changed_stats()
-                if stats is not None:
-                    sender.send(Batch(None, stats))
+                sender.send_changed_stats()
                 continue
             message = connection.recv()
             if isinstance(message, Shutdown):
                 break
             _apply(engine, compiling, message, compile_grammar)
         else:
-            reason = _death_reason(engine)
+            reason = sender.failure or _death_reason(engine)
             compiling.close(FinishReason.ERROR, f"model worker failed: {reason}")
             engine.shutdown()
             sender.send(Died(reason))

@@ -55,6 +55,10 @@ class Outbox:
         self._stats = stats
         self._outgoing: list[RequestEvent] = []  # this round's events, for the sink
         self._uncounted: dict[str, int] = {}  # tokens of the sink's host-stop requests, counted at their end
+        # The sink's requests submitted and not yet ended: `Engine.submit` adds an id (any thread, under
+        # the engine's lock; it refuses one already here), their end takes it off (a set's `add`,
+        # `discard` and `in` are each atomic).
+        self.outstanding: set[str] = set()
 
     def admit(self, request_id: str, on_event: OnEvent | None, has_host_stops: bool) -> None:
         """A request the frontend may stop late: its tokens count when it ends (see `end`)."""
@@ -102,6 +106,7 @@ class Outbox:
         of the same id (whose duplicate is rejected) keeps its tokens to count at its own end."""
         if on_event is None:
             self._outgoing.append(event)
+            self.outstanding.discard(event.request_id)
             return
         try:
             on_event(event)
