@@ -96,3 +96,40 @@ def test_an_end_the_engine_reached_past_a_matched_stop_is_measured_as_the_respon
     (terminal,) = outbox.items
     assert terminal.reason is FinishReason.STOP and stops == [2]
     assert (observed[-1].reason, observed[-1].num_output_tokens) == (FinishReason.STOP, 2)
+
+
+@pytest.mark.parametrize("forwarded", [False, True])
+def test_an_interrupted_response_ends_with_the_interrupt_even_when_its_end_arrives_before_the_reader_wakes(forwarded):
+    """The drain deadline's `interrupt` and the engine's end delivered in one turn of the event loop
+    (the end's delivery was already scheduled): before, the end was put after the interrupt's
+    failure, so `terminal` (the last item) answered the output, not the failure, and a reader of
+    several bridges (`forward_to`) was given two terminal items for one choice."""
+    import asyncio
+
+    from helios.errors import ShuttingDown
+
+    released, cancelled, forwarded_items = [], [], []
+
+    async def scenario():
+        permit = SimpleNamespace(release=lambda: released.append(1))
+        bridge = ResponseBridge("r", _Output(), is_stream=False, permit=permit, cancel=cancelled.append, origin_ns=0,
+                                outbox=_Outbox())
+        if forwarded:
+            bridge.forward_to(forwarded_items.extend)
+            assert bridge.interrupt(ShuttingDown("server shutting down"))
+            bridge._deliver([OutputFinal((), FinishReason.LENGTH, None, None, None)], True)
+            return bridge, None
+        waiter = asyncio.ensure_future(bridge.terminal())
+        await asyncio.sleep(0)  # the reader waits
+        assert bridge.interrupt(ShuttingDown("server shutting down"))
+        bridge._deliver([OutputFinal((), FinishReason.LENGTH, None, None, None)], True)  # before the reader runs
+        return bridge, await waiter
+
+    bridge, terminal = asyncio.run(scenario())
+    if forwarded:
+        assert [type(item) for item in forwarded_items] == [Failure]
+    else:
+        assert isinstance(terminal, Failure) and isinstance(terminal.error, ShuttingDown)
+    assert cancelled == ["r"] and bridge.has_terminal
+    bridge.close()
+    assert released == [1]  # the permit still waited for the engine's end

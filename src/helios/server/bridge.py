@@ -277,7 +277,8 @@ class ResponseBridge:
         return self._has_terminal
 
     def _deliver(self, items: list[Item], is_terminal: bool) -> None:
-        self._put(items)
+        if not self._is_interrupted:  # else the interrupt's failure was the reader's last item
+            self._put(items)
         if is_terminal:
             self._has_terminal = True
             self._release_when_done()
