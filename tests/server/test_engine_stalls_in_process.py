@@ -104,3 +104,24 @@ def test_an_idle_worker_is_never_stalled(served, held):
 
     answers = asyncio.run(scenario())
     assert set(answers) == {"ok"} and len(answers) > 1
+
+
+def test_a_request_arriving_while_the_worker_is_stalled_is_refused_503_until_it_serves_again(served, held):
+    app = create_app(served)
+    body = {"model": SERVED_ID, "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
+
+    async def scenario():
+        async with asgi_client(app) as c:
+            held.hold()
+            pending = asyncio.create_task(c.post("/v1/completions", json=body))
+            assert await asyncio.to_thread(held.entered.wait, HANG_GUARD_S)
+            await status_until(c, "stalled")
+            refused = await c.post("/v1/completions", json=body)
+            held.release()
+            await status_until(c, "ok")
+            return refused, await pending, await c.post("/v1/completions", json=body)
+
+    refused, pending, after = asyncio.run(scenario())
+    assert refused.status_code == 503
+    assert "model worker is stalled" in refused.json()["error"]["message"]
+    assert pending.status_code == 200 and after.status_code == 200

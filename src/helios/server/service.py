@@ -301,12 +301,17 @@ class ServedModel:
         return await fanout_json(choices, receive, self.send_timeout_s, lambda: self._is_dropping)
 
     def _check_serving(self) -> None:
-        """Refuses a request the server will not run: past the drain deadline, or with the model
-        worker dead (see the module docstring)."""
+        """Refuses a request the server will not run: past the drain deadline, with the model
+        worker dead (see the module docstring), or while `/health` says it is unresponsive or
+        stalled (a 503 naming why, for as long as `/health` says so)."""
         if self._is_dropping:
             raise ShuttingDown("server shutting down")
         if not self.engine.is_healthy:
             raise WorkerUnavailable(WORKER_UNAVAILABLE)
+        problem = self.liveness_problem()
+        if problem is not None:  # a request taken now would wait with no bound (a SIGSTOPped engine process)
+            raise WorkerUnavailable(f"the model worker is {problem[0]}: {problem[1]}; this server takes no new "
+                                    "requests until it serves again (retry later or on another instance)")
 
     def _loop_outbox(self) -> LoopOutbox:
         """The outbox of the running event loop (one per loop; the server runs one loop)."""
