@@ -4,7 +4,7 @@
 - the operation: DECODE when every chosen lane has only its pending token left; PREFILL when
   only prompts (or recomputation) remain; MIXED when both (without a MIXED program, prompt and
   decode steps alternate); SCORED_PREFILL for prompts that need scores (alternating with the
-  rest); SPECULATIVE instead of DECODE when loaded and enabled, unless a running request asks for
+  rest); SPECULATIVE instead of DECODE when loaded and enabled, unless a decoding lane asks for
   log-probabilities (the executor runs DECODE's token-logprobs variant for it), has a logit bias, or
   the decoding lanes outnumber the widest SPECULATIVE program's rows (and instead of a MIXED step
   whose waiting head could not be admitted, which holds decoding lanes alone);
@@ -217,16 +217,20 @@ class StepBuilder:
         cohort (`--speculative-batches` below the decode batches) would take the same first lanes in
         scheduling order round after round, each until it ends, and leave the others without a token
         meanwhile (eight lanes beside two-row programs took 43 decoding steps, plain decoding 22): such a
-        cohort decodes plainly, every lane a step, and speculates again once it fits."""
+        cohort decodes plainly, every lane a step (through MIXED programs on a core without DECODE
+        ones), and speculates again once it fits."""
         rows = self._speculative_rows
-        if rows >= self.caps.max_active or not self.caps.has(Operation.DECODE):
+        if rows >= self.caps.max_active:
             return True
         return sum(req.num_tokens_ahead == 1 and not is_scoring(req) for req in self.queues.running) <= rows
 
     def _needs_plain_sampling(self) -> bool:
-        """A running request asks for log-probabilities or has a logit bias (speculative programs
-        compute the one and apply the other not)."""
-        return any(req.spec.top_logprobs is not None or req.spec.has_logit_bias for req in self.queues.running)
+        """A decoding lane asks for log-probabilities or has a logit bias (speculative programs
+        compute the one and apply the other not). Only decoding lanes count, as a SPECULATIVE step
+        holds no other: a request still computing its prompt samples in a prompt step (a long
+        prompt, chunked, once turned every decode step between its chunks into a plain one)."""
+        return any((req.spec.top_logprobs is not None or req.spec.has_logit_bias)
+                   and req.num_tokens_ahead == 1 and not is_scoring(req) for req in self.queues.running)
 
     def _prefill_operation(self) -> Operation:
         return Operation.PREFILL if self.caps.has(Operation.PREFILL) else Operation.MIXED
@@ -260,10 +264,9 @@ class StepBuilder:
                 want = min(1 if req.spec.single_lane else lane_limit, req.num_output_budget)
             else:
                 want = self.cache.until_boundary(req, req.frontier, ahead)
-            # one token for each later decoding lane that can still get a row: a SPECULATIVE program
-            # narrower than the cohort (`--speculative-batches`, on a core without DECODE programs:
-            # `_speculation_holds_cohort`) leaves the others for a later step, and reserving for them
-            # would skip the lanes first in scheduling order
+            # one token for each later decoding lane that can still get a row: a program narrower
+            # than the lanes leaves the others for a later step, and reserving for them would skip
+            # the lanes first in scheduling order
             reserved = min(num_decoders, max_rows - len(draft.rows) - 1)
             room = max_tokens - draft.num_tokens - reserved
             if room > 0:
