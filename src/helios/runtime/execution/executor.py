@@ -254,19 +254,20 @@ class Executor:
     def _copies(self, plan: StepPlan) -> Mapping[str, int]:
         """The plan's copies, in order: slot state rows through the core's state programs when it
         has them (`helios.runtime.execution.state_programs`), everything else between storages.
-        With an INITIALIZATION program, the rows the plan admits are initialized between them:
-        before the first copy into a slot's state rows (a restore into an admitted slot, whose
+        The rows the plan admits are initialized between them (by the INITIALIZATION program, or
+        the packer zeroes the state the plan's program writes: `Packer.reset_admitted`): before the
+        first copy into a slot's state rows (a restore into an admitted slot, whose
         state an initialization after it would clear), after the copies before it (a final
         snapshot of the slot's previous owner, which it would clear too). Returns the state
         programs launched, by operation name."""
         launches: dict[str, int] = {}
-        if not self._initializers:
-            self._run_copies(plan, plan.copies, launches)
-            return MappingProxyType(launches)
         copies = plan.copies
         first = next((i for i, copy in enumerate(copies) if copy.dst.kind == StorageKind.STATE), len(copies))
         self._run_copies(plan, copies[:first], launches)
-        self._initialize(plan)
+        if self._initializers:
+            self._initialize(plan)
+        elif plan.variant is not None:  # the runtime's own reset of the admitted rows, at the same place
+            self.packer.reset_admitted(self._program_for(plan).graph, plan)
         self._run_copies(plan, copies[first:], launches)
         return MappingProxyType(launches)
 

@@ -17,8 +17,9 @@ packer keeps each request's history - its prompt plus every emission the executo
 history ends exactly at their pending token; otherwise every lane gets zero candidates.
 PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
 invalidates everything remembered for the slot), whichever graph's step admits it, and page tables receive only the entries new
-since the last upload. Persistent-state rows a program writes are zeroed at admission, unless the
-core has an INITIALIZATION graph: the executor then runs it over the admitted rows instead. A
+since the last upload. Persistent-state rows a program writes are zeroed at admission
+(`reset_admitted`, which the executor calls before the plan's restores), unless the core has an
+INITIALIZATION graph: the executor then runs it over the admitted rows instead. A
 request with a penalty that is admitted again with outputs (readmitted after preemption) gets its
 slot's output counts (the ``output_counts`` state view) rebuilt from the emissions the packer
 observed for it, so its penalties count every output token, as had it never left its slot. SNAPSHOT
@@ -217,9 +218,7 @@ class Packer:
         touched = [(row, req) for row, req in zip(plan.rows, requests)
                    if row.admits or row.new_page_ids or row.new_window_ids]
         admitting = [(row, req) for row, req in touched if row.admits]
-        for row, _ in admitting:
-            if not self._initializes:
-                self._reset_state(graph, row.slot)
+        for row, _ in admitting:  # (their state was reset or initialized before the plan's restores)
             self._restore_output_counts(row)
         for binding in self._elsewhere[graph]:  # another graph's per-slot values, fixed at admission
             for row, req in admitting:
@@ -354,6 +353,18 @@ class Packer:
         if buffer.dim() != 2 or buffer.dtype != torch.int32 or view.row_stride != buffer.shape[1] * 4:
             return None
         return view.buffer
+
+    def reset_admitted(self, graph: str, plan: StepPlan) -> None:
+        """Zeroes the persistent-state rows `graph` writes for every slot `plan` admits, unless the
+        core has an INITIALIZATION graph (the executor runs it instead). Not part of `pack`: the
+        executor calls it where it would initialize the rows, before the plan's copies into slot
+        state rows (a restore, which a reset after it would clear) and after those before them (a
+        final snapshot of the slot's previous owner)."""
+        if self._initializes:
+            return
+        for row in plan.rows:
+            if row.admits:
+                self._reset_state(graph, row.slot)
 
     def _reset_state(self, graph: str, slot: int) -> None:
         rows = slice(slot * self._state_rows, (slot + 1) * self._state_rows)
