@@ -171,3 +171,34 @@ def test_a_published_state_is_known_from_its_capture_until_it_is_dropped():
     assert snapshots.is_published(tokens, key) and snapshots.num_published == 1
     snapshots.discard(private.snapshot_id)
     snapshots.check()
+
+
+def test_an_offloaded_state_tail_is_restored_through_a_continuation_row():
+    """The state in an offloaded tail is the core's snapshot-row form (its SNAPSHOT program wrote
+    it): it goes back into a continuation row, and the slot's state rows are restored from there
+    (through the core's RESTORATION program), not from the host slot."""
+    pool, snapshots = store(rows=2, stateful=True)
+    _, (snapshot, _) = capture(snapshots, pool, list(range(10)))
+    snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
+    snapshots.offload(snapshot)
+    snapshots.settle(snapshot.snapshot_id, FenceKind.OFFLOAD, True)
+    assert snapshot.tail == Location(HOST, 2)
+    snapshots.check()
+    snapshots.hold(snapshot)
+    copies = snapshots.restore_copies(snapshot, 0, [5, 6, 7], 1)
+    row = copies[2].dst.index
+    staged = Location(CONT, row)
+    assert copies == [CopyOp(Location(HOST, 0), Location(PAGE, 5), 4), CopyOp(Location(HOST, 1), Location(PAGE, 6), 4),
+                      CopyOp(Location(HOST, 2), staged, 2), CopyOp(staged, Location(PAGE, 7), 2),
+                      CopyOp(staged, Location(STATE, 1), 0)]
+    assert snapshot.staging_rows == [row]
+    snapshots.check()  # the row is the snapshot's while its restore is in flight
+    _, (other, _) = capture(snapshots, pool, list(range(20, 23)))
+    assert other.tail != Location(CONT, row)
+    snapshots.settle(snapshot.snapshot_id, FenceKind.RESTORE, True)
+    assert snapshot.staging_rows == [] and snapshots.num_restored == 1
+    snapshots.check()  # and free again once it settled
+    _, private = capture(snapshots, pool, list(range(40, 46)), Residence.HOST, owner="r1", slot=2)
+    snapshots.settle(private[0].snapshot_id, FenceKind.CAPTURE, True)
+    snapshots.hold(private[0])  # a private tail holds the slot's own rows: straight back
+    assert snapshots.restore_copies(private[0], 0, [3, 4], 2)[-1] == CopyOp(private[0].tail, Location(STATE, 2), 0)

@@ -111,3 +111,23 @@ def test_preempted_requests_with_offloaded_state_resume_with_the_same_tokens(hyb
     _, host_state = runtime.engine.executor.storage.planes(StorageKind.HOST)
     assert any(p.tensor.abs().sum() > 0 for p in host_state)  # state rows went to host slots and back
     runtime.engine.scheduler.check_invariants()
+
+
+def test_a_snapshot_offloaded_to_the_host_restores_through_the_restoration_graph(hybrid, expected,  # noqa: F811
+                                                                                  state_core):
+    """The offloaded snapshot's state is what the SNAPSHOT program wrote: its restore runs the
+    RESTORATION program too (the broken one, which restores nothing, changes the tokens), from a
+    continuation row the host tail is copied back into."""
+    for path, broken in ((state_core, False), (_write(hybrid, "broken_offloaded.core", broken=True), True)):
+        runtime = state_runtime(hybrid, path, num_pages=24, host_pages=32,
+                                policy=SchedulerPolicy(offload_watermark_pages=24))
+        try:
+            generate(runtime.engine, [PROMPTS[0]], STEPS)
+            assert runtime.engine.scheduler.cache.snapshots.num_offloaded >= 1  # every free page is under the mark
+            warm = generate(runtime.engine, [PROMPTS[1]], STEPS)[0]
+            assert runtime.engine.scheduler.counters().snapshots_restored == 1
+            assert launches(runtime)["restoration"] == 1
+            assert (list(warm.token_ids) == expected[1]) is not broken
+            runtime.engine.scheduler.check_invariants()
+        finally:
+            runtime.close()

@@ -6,6 +6,15 @@ carried state, in a continuation row (device) or a host slot. Complete pages are
 shared by reference; restoring copies the tail into a private writable page (and the slot's
 state rows), and host-resident pages into freshly allocated private pages.
 
+A tail that carries state was written into its continuation row by the core (a SNAPSHOT program
+writes snapshot rows in whatever form its RESTORATION program reads back: the runtime does not
+know it). Offloading such a tail copies those bytes to a host slot as they are, so its restore
+copies them into a continuation row first and restores the slot's state rows from there (through
+the core's RESTORATION program, like a device snapshot's), not from the host slot directly; that
+row is held until the snapshot's restores in flight settle. Only when no continuation row can be
+had does the state come straight from the host slot. A private snapshot's host tail was copied
+from the slot's state rows directly, so it goes straight back.
+
 Byte copies are requested as `CopyOp`s that travel in a plan; the scheduler reports each plan's
 outcome through `settle`. A snapshot being written (capture or offload) is unusable until its
 copies complete; a failed capture is dropped, never published; a failed offload leaves the
@@ -83,6 +92,8 @@ class Snapshot:
     doomed: bool = False
     fenced_pages: list[int] = field(default_factory=list)
     pending_slots: list[int] = field(default_factory=list)
+    offloaded: bool = False  # its tail moved from a continuation row to a host slot (`offload`)
+    staging_rows: list[int] = field(default_factory=list)  # continuation rows its restores in flight copy through
 
     @property
     def endpoint(self) -> int:
@@ -187,6 +198,9 @@ class SnapshotStore:
             snapshot.num_readers -= 1
             if ok:  # a restore counts once its copies ran: a failed plan restored nothing
                 self.num_restored += 1
+            if not snapshot.num_readers:  # no restore in flight reads its staging rows any more
+                self._rows.give(snapshot.staging_rows)
+                snapshot.staging_rows = []
         else:
             snapshot.writing = False
             self._pool.release(snapshot.fenced_pages)
@@ -216,6 +230,7 @@ class SnapshotStore:
         if snapshot.tail is not None:
             self._rows.give([snapshot.tail.index])
             snapshot.tail = Location(StorageKind.HOST, snapshot.pending_slots[-1])
+            snapshot.offloaded = True
         num_complete = len(snapshot.page_ids)
         snapshot.host_slots = snapshot.pending_slots[:num_complete]
         snapshot.page_ids = []
@@ -272,7 +287,8 @@ class SnapshotStore:
         only the tail page, if any. A host snapshot's first `num_shared` complete pages were found
         in the prefix cache; `pages` receives the remaining complete pages and then the tail page.
         The caller holds the snapshot (`hold`) until `settle(..., RESTORE, ...)`, which counts the
-        restore (`num_restored`) when its copies ran; a private snapshot is consumed.
+        restore (`num_restored`) when its copies ran; a private snapshot is consumed. An offloaded
+        tail that carries state is copied back into a continuation row first (module docstring).
         """
         page_tokens = self._layout.page_tokens
         copies = []
@@ -280,15 +296,30 @@ class SnapshotStore:
             for slot, page in zip(snapshot.host_slots[num_shared:], pages):
                 copies.append(CopyOp(Location(StorageKind.HOST, slot), _page(page), page_tokens))
         partial = snapshot.endpoint % page_tokens
+        tail = snapshot.tail
+        if snapshot.offloaded and not self._layout.pages_capture_state:
+            tail = self._staging_row(snapshot)
+            if tail != snapshot.tail:
+                copies.append(CopyOp(snapshot.tail, tail, partial))
         if partial:
-            copies.append(CopyOp(snapshot.tail, _page(pages[-1]), partial))
+            copies.append(CopyOp(tail, _page(pages[-1]), partial))
         if not self._layout.pages_capture_state:
-            copies.append(CopyOp(snapshot.tail, Location(StorageKind.STATE, state_slot), 0))
+            copies.append(CopyOp(tail, Location(StorageKind.STATE, state_slot), 0))
         if snapshot.owner is not None:
             snapshot.doomed = True
         elif snapshot.snapshot_id in self._lru:
             self._lru.move_to_end(snapshot.snapshot_id)
         return copies
+
+    def _staging_row(self, snapshot: Snapshot) -> Location:
+        """A continuation row to copy an offloaded tail back into for one restore (held until its
+        restores settle), evicting an idle device snapshot for it if need be; the host tail itself
+        when every row is busy."""
+        rows = self._take(self._rows, 1, Residence.DEVICE)
+        if rows is None:
+            return snapshot.tail
+        snapshot.staging_rows.extend(rows)
+        return Location(StorageKind.CONTINUATION, rows[0])
 
     def hold(self, snapshot: Snapshot) -> None:
         """Keep a snapshot from eviction, offload and dropping while a restore reads it."""
@@ -359,6 +390,8 @@ class SnapshotStore:
                 del self._index[snapshot.key]
         self._pool.release(list(reversed(snapshot.page_ids)))
         self._host.give(snapshot.host_slots)
+        self._rows.give(snapshot.staging_rows)  # (none: it is dropped only once no restore reads it)
+        snapshot.staging_rows = []
         if snapshot.tail is not None:
             pool = self._rows if snapshot.tail.kind == StorageKind.CONTINUATION else self._host
             pool.give([snapshot.tail.index])
@@ -381,6 +414,7 @@ class SnapshotStore:
         for snapshot in self._snapshots.values():
             slots.extend(snapshot.host_slots)
             slots.extend(snapshot.pending_slots)
+            rows.extend(snapshot.staging_rows)
             if snapshot.tail is not None:
                 (rows if snapshot.tail.kind == StorageKind.CONTINUATION else slots).append(snapshot.tail.index)
             require(not snapshot.doomed or snapshot.is_busy, f"snapshot {snapshot.snapshot_id} doomed but kept")
