@@ -2,7 +2,9 @@
 transformers: `SpaceCleanup` streams transformers' own ``clean_up_tokenization`` however its input is
 split, and an `IncrementalDetokenizer` that cleans streams deltas whose concatenation is what
 ``AutoTokenizer.from_pretrained(...).decode(ids)`` returns for a tokenizer that transformers cleans
-(a WordLevel one here, of ``▁`` words: " '" is held until the next token shows whether " ' " follows)."""
+(a WordLevel one here, of ``▁`` words: " '" is held until the next token shows whether " ' " follows).
+Text completions' ``text_offset`` index the cleaned text, a stop cut in held text keeps the entries of
+the tokens it shows, and a stop ending in a stray byte's U+FFFD sees a held space before it."""
 
 from __future__ import annotations
 
@@ -135,3 +137,165 @@ def test_helios_generate_prints_the_cleaned_text(word_level):
     ids = tokenizer.encode(SENTENCE).ids
     assert _output_text(tokenizer, ids, (), clean_up_spaces=True) == reference.decode(ids, skip_special_tokens=True)
     assert _output_text(tokenizer, ids, ()) == tokenizer.decode(ids) != reference.decode(ids)
+
+
+# --- log-probability offsets on a core that cleans -------------------------------------------------
+
+
+def _kept_origins(text: str) -> list[int]:
+    """The position in `text` of each character of its cleanup (each replacement keeps characters of
+    its pattern, from the second on)."""
+    from helios.frontend.decoding.detokenize import CLEANUP_REPLACEMENTS
+
+    chars = list(enumerate(text))
+    for old, new in CLEANUP_REPLACEMENTS:
+        spelled, out, at = "".join(char for _, char in chars), [], 0
+        while (found := spelled.find(old, at)) >= 0:
+            out += chars[at:found] + chars[found + 1:found + 1 + len(new)]
+            at = found + len(old)
+        chars = out + chars[at:]
+    assert "".join(char for _, char in chars) == reference_cleanup(text)
+    return [origin for origin, _ in chars]
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.lists(st.sampled_from(PIECES), max_size=4).map("".join), min_size=1, max_size=12))
+def test_removed_counts_the_cleaned_characters_before_the_push(pieces):
+    """`num_removed` after a push: the characters pushed before it that the cleanup of the text so far
+    (ended there) removes."""
+    cleanup, pushed = SpaceCleanup(), ""
+    for piece in pieces:
+        cleanup.push(piece)
+        kept = _kept_origins(pushed + piece)
+        assert cleanup.num_removed == len(pushed) - sum(origin < len(pushed) for origin in kept)
+        pushed += piece
+
+
+def _text_completion_offsets(tokenizer: Tokenizer, ids: list[int]) -> tuple[str, list[int]]:
+    """The text and ``text_offset`` a text completion returns for output `ids` on a cleaning core."""
+    from helios.frontend.decoding.logprobs import TokenTexts, text_logprobs
+    from helios.frontend.decoding.observation import ObservationOptions
+    from helios.frontend.parsers.pipeline import OutputPipeline, PlainText
+    from helios.frontend.responses.output import OutputProcessor
+    from helios.runtime.records.events import FinishReason, TokenLogprobs
+
+    eos = tokenizer.token_to_id("</s>")
+    output = OutputProcessor(IncrementalDetokenizer(tokenizer, skip_special_tokens=False, clean_up_spaces=True),
+                             OutputPipeline(PlainText()), None, [eos], ObservationOptions(), [eos], None,
+                             TokenTexts(tokenizer))
+    events = [event for token_id in ids for event in output.feed(token_id, None, TokenLogprobs(-1.0, ())).events]
+    final = output.finish(FinishReason.LENGTH)
+    text = "".join(event.text for event in events + list(final.events))
+    return text, text_logprobs(final.logprobs)["text_offset"]
+
+
+def test_text_offsets_index_the_cleaned_text(word_level):
+    """``text_offset`` index the returned (cleaned) text: the cleanup holds " '" back until the next
+    token shows whether " ' " follows, and the offsets counted the text each step showed, so the
+    token after it started at the held space (5, in "Hello '<unk>"), and every token after a removed
+    space one character late."""
+    tokenizer, reference = word_level
+    ids = tokenizer.encode("Hello ' x").ids
+    text, offsets = _text_completion_offsets(tokenizer, ids)
+    assert text == reference.decode(ids) == "Hello '<unk>"
+    assert offsets == [0, 5, 7]
+    ids = tokenizer.encode("We 've got it , they 're here . I 'm ok ' s").ids
+    text, offsets = _text_completion_offsets(tokenizer, ids)
+    assert text == "We've got it, they're here. I'm ok's"
+    assert [text[offset:offset + 3] for offset in offsets] == [
+        "We'", "'ve", " go", " it", ", t", " th", "'re", " he", ". I", " I'", "'m ", " ok", "'s", "s"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_random_text_offsets_start_each_token_in_the_cleaned_text(word_level, data):
+    """Each token's offset is where its text starts in the cleaned text: the characters of the text
+    before it that the cleanup keeps."""
+    tokenizer, reference = word_level
+    eos = tokenizer.token_to_id("</s>")
+    ids = data.draw(st.lists(st.integers(0, tokenizer.get_vocab_size() - 1).filter(lambda i: i != eos),
+                             min_size=1, max_size=30))
+    text, offsets = _text_completion_offsets(tokenizer, ids)
+    raw = tokenizer.decode(ids, skip_special_tokens=False)
+    assert text == reference.decode(ids, skip_special_tokens=False) == reference_cleanup(raw)
+    kept = _kept_origins(raw)
+    assert offsets == [sum(origin < len(tokenizer.decode(ids[:count], skip_special_tokens=False)) for origin in kept)
+                       for count in range(len(ids))]
+
+
+def _stopped(tokenizer: Tokenizer, ids: list[int], stops: tuple[str, ...]):
+    """The text a request with string stops `stops` returns for output `ids` on a cleaning core, and
+    the ids of its log-probability entries."""
+    from helios.frontend.decoding.logprobs import TokenTexts
+    from helios.frontend.decoding.observation import ObservationOptions
+    from helios.frontend.decoding.stops import StopOptions
+    from helios.frontend.parsers.pipeline import OutputPipeline, PlainText
+    from helios.frontend.responses.output import OutputProcessor
+    from helios.runtime.records.events import FinishReason, TokenLogprobs
+
+    eos = tokenizer.token_to_id("</s>")
+    output = OutputProcessor(IncrementalDetokenizer(tokenizer, skip_special_tokens=False, clean_up_spaces=True),
+                             OutputPipeline(PlainText()), StopOptions(strings=stops).new_matcher(), [eos],
+                             ObservationOptions(), [eos], None, TokenTexts(tokenizer))
+    events = [event for token_id in ids for event in output.feed(token_id, None, TokenLogprobs(-1.0, ())).events]
+    final = output.finish(FinishReason.LENGTH)
+    return "".join(event.text for event in events + list(final.events)), [e.token_id for e in final.logprobs]
+
+
+def test_a_stop_in_held_text_keeps_the_entries_of_the_tokens_it_shows(word_level):
+    """A stop cut in text the cleanup held back lists the tokens whose text starts before the cut: the
+    delta " '<unk>" carries " '" of the token before it, whose entry was dropped (the entries were
+    placed as if the delta were the last token's alone), and at the end the flushed " '" dropped its
+    token's entry."""
+    tokenizer, _ = word_level
+    hello, quote = tokenizer.encode("Hello '").ids
+    unknown = tokenizer.token_to_id("<unk>")
+    assert _stopped(tokenizer, [hello, quote, unknown], ("'",)) == ("Hello ", [hello, quote])
+    assert _stopped(tokenizer, [hello, quote], ("'",)) == ("Hello ", [hello, quote])
+    assert _stopped(tokenizer, [hello, quote, unknown], ("<",)) == ("Hello '", [hello, quote])
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_random_stops_list_the_tokens_before_the_cut(word_level, data):
+    """Cut at the first stop of the cleaned text, the entries are those of the tokens whose text
+    starts before the cut."""
+    tokenizer, _ = word_level
+    eos = tokenizer.token_to_id("</s>")
+    ids = data.draw(st.lists(st.integers(0, tokenizer.get_vocab_size() - 1).filter(lambda i: i != eos),
+                             min_size=1, max_size=20))
+    raw = tokenizer.decode(ids, skip_special_tokens=False)
+    whole = reference_cleanup(raw)
+    start = data.draw(st.integers(0, len(whole) - 1))
+    stop = whole[start:start + data.draw(st.integers(1, 3))]
+    text, listed = _stopped(tokenizer, ids, (stop,))
+    cut = whole.find(stop)
+    assert text == whole[:cut]
+    kept = _kept_origins(raw)
+    starts = [sum(origin < len(tokenizer.decode(ids[:count], skip_special_tokens=False)) for origin in kept)
+              for count in range(len(ids))]
+    assert listed == [token_id for token_id, at in zip(ids, starts) if at < cut]
+
+
+def test_a_stop_ending_in_a_stray_byte_sees_the_held_space():
+    """A stop ending in U+FFFD completes at a stray byte that follows a space the cleanup holds: the
+    U+FFFD was looked at without the space before it, so " \\ufffd" matched a token late (once the
+    next token settled the byte). Embedded tokenizer (byte-level; cleaned as a core whose
+    tokenizer_config asks for it even on BPE)."""
+    from pathlib import Path
+
+    from helios.frontend.decoding.observation import ObservationOptions
+    from helios.frontend.decoding.stops import StopOptions
+    from helios.frontend.parsers.pipeline import OutputPipeline, PlainText
+    from helios.frontend.responses.output import OutputProcessor
+
+    tokenizer = Tokenizer.from_file(str(Path(__file__).resolve().parents[2]
+                                        / "src/helios/embedded/default_model/tokenizer.json"))
+    stray = 104  # the lone byte 0xA5
+    assert tokenizer.decode([stray]) == "\ufffd"
+    ids = tokenizer.encode("x ", add_special_tokens=False).ids + [stray, stray]
+    output = OutputProcessor(IncrementalDetokenizer(tokenizer, skip_special_tokens=False, clean_up_spaces=True),
+                             OutputPipeline(PlainText()), StopOptions(strings=(" \ufffd",)).new_matcher(), [],
+                             ObservationOptions(), [], None)
+    stopped = [output.feed(token_id).is_stopped for token_id in ids]
+    assert stopped == [False, False, True, True]

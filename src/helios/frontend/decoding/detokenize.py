@@ -82,42 +82,81 @@ class SpaceCleanup:
     equals the cleanup of the concatenated input. The cleanup is a chain of ``str.replace`` calls, each
     over the previous one's whole output; each link here holds back the end of its input that may begin
     an occurrence (a proper prefix of its pattern, after its last replacement), which ``str.replace``'s
-    left-to-right scan would take whole. Mutates only its own state; `copy` for a look-ahead."""
+    left-to-right scan would take whole. A replacement keeps some characters of its pattern and
+    removes the others (the leading space, and the last one of " ' "), so each output character is
+    an input character: `num_removed` counts the removed ones (a text's offsets into the cleaned
+    text). Mutates only its own state; `copy` for a look-ahead."""
 
     def __init__(self, held: Sequence[str] = ("",) * len(CLEANUP_REPLACEMENTS)):
         self._held = list(held)  # per link: its input not yet passed on
+        self._num_in = 0  # characters pushed
+        self._num_out = 0  # characters passed on
+        self.num_removed = 0  # see `push`
+        self.num_carried = 0  # see `push`
 
     def copy(self) -> "SpaceCleanup":
         return SpaceCleanup(self._held)
 
     def push(self, text: str) -> str:
-        """The cleaned text that no later input changes."""
+        """The cleaned text that no later input changes. Sets `num_removed`: how many characters of
+        the input before `text` the cleanup removes, as far as it knows (the text it holds read as
+        if the input ended here, as `flush` would clean it); and `num_carried`: how many characters
+        the output begins with that were pushed before `text` (held back until it came)."""
+        num_before = 0  # characters at the start of the link's new input that were pushed before `text`
+        tails = []  # per link: its held text and how many of its characters were pushed before `text`
+        num_in, out = len(text), text
         for index, (old, new) in enumerate(CLEANUP_REPLACEMENTS):
-            if not text and not self._held[index]:
-                continue
-            text, self._held[index] = _replace_held(self._held[index] + text, old, new)
-        return text
+            held = self._held[index]
+            if out or held:
+                out, held, num_before, held_before = _replace_held(held + out, old, new, len(held) + num_before)
+            else:
+                held_before = 0
+            self._held[index] = held
+            tails.append((held, held_before))
+        kept_at_end = _kept_at_end(tails) if any(held for held, _ in tails) else 0
+        self.num_removed = self._num_in - self._num_out - num_before - kept_at_end
+        self.num_carried = num_before
+        self._num_in += num_in
+        self._num_out += len(out)
+        return out
 
     def flush(self) -> str:
         """The end of the input: every held text, cleaned."""
         text = ""
         for index, (old, new) in enumerate(CLEANUP_REPLACEMENTS):
             text, self._held[index] = (self._held[index] + text).replace(old, new), ""
+        self._num_out += len(text)
         return text
 
 
-def _replace_held(text: str, old: str, new: str) -> tuple[str, str]:
+def _kept_at_end(tails: Sequence[tuple[str, int]]) -> int:
+    """How many characters pushed before the last push `flush` would keep: `tails` are the links'
+    held texts, each with the number of its first characters that were pushed before it."""
+    text, num_before = "", 0
+    for (held, held_before), (old, new) in zip(tails, CLEANUP_REPLACEMENTS):
+        boundary = held_before + (num_before if held_before == len(held) else 0)  # earlier text comes first
+        text, _, num_before, _ = _replace_held(held + text, old, new, boundary, holds=False)
+    return num_before
+
+
+def _replace_held(text: str, old: str, new: str, boundary: int = 0, holds: bool = True) -> tuple[str, str, int, int]:
     """`text` with `old` replaced by `new` as ``str.replace`` does, but for its end that may begin an
-    occurrence of `old` (returned second; a later input follows it). An occurrence starting before that
-    end lies in `text` (and is replaced) or runs past it (and its start would be in that end)."""
-    parts, at = [], 0
+    occurrence of `old` (returned second; a later input follows it), unless not `holds`. An
+    occurrence starting before that end lies in `text` (and is replaced) or runs past it (and its
+    start would be in that end). Also returned: how many characters of the output, and of the end
+    held, come from `text`'s first `boundary` characters (`new` is ``old[1:1 + len(new)]``: the
+    characters a replacement keeps)."""
+    parts, at, num_before = [], 0, 0
     while (found := text.find(old, at)) >= 0:
         parts += (text[at:found], new)
+        num_before += max(0, min(found, boundary) - at) + max(0, min(found + 1 + len(new), boundary) - found - 1)
         at = found + len(old)
     tail = text[at:]
-    hold = next((size for size in range(len(old) - 1, 0, -1) if tail.endswith(old[:size])), 0)
-    parts.append(tail[: len(tail) - hold])
-    return "".join(parts), tail[len(tail) - hold :]
+    hold = next((size for size in range(len(old) - 1, 0, -1) if tail.endswith(old[:size])), 0) if holds else 0
+    kept_end = len(text) - hold
+    parts.append(text[at:kept_end])
+    num_before += max(0, min(kept_end, boundary) - at)
+    return "".join(parts), text[kept_end:], num_before, max(0, boundary - kept_end)
 
 
 class IncrementalDetokenizer:
@@ -160,6 +199,10 @@ class IncrementalDetokenizer:
         self._is_text_stale = False  # ids fed since the pending text was last decoded (a valid open run)
         self._context_run = self._ending_byte_run(self._ids)  # the context's last ids that a first byte joins
         self._probe_ids: tuple[int, ...] | None = None  # `ends_in_stray_byte`'s byte tokens, found on first use
+        # the last feed's delta before the space cleanup: the text of its ids in context (log-probability
+        # offsets count it, less `num_removed`, as the cleanup moves text held back to a later delta)
+        self.uncleaned_delta = ""
+        self._num_carried = 0
 
     def _usable_context(self, context_ids: Sequence[int]) -> list[int]:
         """The last `CONTEXT_IDS` of `context_ids`, or none where they hold no text but special
@@ -207,7 +250,7 @@ class IncrementalDetokenizer:
             else:
                 self._open_text = self._decode(self._prefix_offset, len(self._ids))[len(self._prefix()) :]
 
-    def fixed_open_text(self, start: int = 0) -> str:
+    def fixed_open_text(self, start: int = 0, then: str = "") -> str:
         """The pending text from character `start` on that no later id changes: `open_text` but its
         last character (the open one, U+FFFD, which a later id may complete, or a stray byte the text
         alone cannot tell from one). "" while a byte-fallback run is open (a later byte can change the
@@ -215,10 +258,11 @@ class IncrementalDetokenizer:
         so a caller reads each character once by passing the number it has read; a call costs the
         unsettled text and the pieces settled after `start`, not the whole pending text. With the
         space cleanup it is the cleaned text that follows the deltas (the text the cleanup holds
-        first), and a call costs the whole pending text."""
+        first), and a call costs the whole pending text. `then`: text known to follow it (the U+FFFD
+        of a stray byte), given with it (the cleanup may hold a space before it)."""
         if self._cleanup is None:
-            return self._fixed_open_text(start)
-        return self._cleanup.copy().push(self._fixed_open_text())[start:]
+            return self._fixed_open_text(start) + then
+        return self._cleanup.copy().push(self._fixed_open_text() + then)[start:]
 
     def _fixed_open_text(self, start: int = 0) -> str:
         if self._is_byte_fallback and self._in_byte_run:
@@ -264,8 +308,24 @@ class IncrementalDetokenizer:
 
     def feed(self, token_id: int) -> str:
         """Adds one generated id and returns the newly complete text ("" while a character is open)."""
-        text = self._feed(token_id)
-        return text if self._cleanup is None else self._cleanup.push(text)
+        text = self.uncleaned_delta = self._feed(token_id)
+        if self._cleanup is None:
+            return text
+        text = self._cleanup.push(text)
+        self._num_carried = self._cleanup.num_carried
+        return text
+
+    @property
+    def num_removed(self) -> int:
+        """How many characters of the text before the last feed's `uncleaned_delta` the space cleanup
+        removes, as far as it knows (text it holds read as if the output ended there); 0 without it."""
+        return 0 if self._cleanup is None else self._cleanup.num_removed
+
+    @property
+    def num_carried(self) -> int:
+        """How many characters the last delta (of `feed` or `finish`) begins with that are the text of
+        earlier ids, which the space cleanup held back until then; 0 without it."""
+        return self._num_carried
 
     def _feed(self, token_id: int) -> str:
         if self._finished:
@@ -407,8 +467,14 @@ class IncrementalDetokenizer:
         """
         if self._finished:
             return ""
-        tail = self._finish()
-        return tail if self._cleanup is None else self._cleanup.push(tail) + self._cleanup.flush()
+        tail = self.uncleaned_delta = self._finish()
+        if self._cleanup is None:
+            return tail
+        text = self._cleanup.push(tail)
+        carried = self._cleanup.num_carried
+        held = self._cleanup.flush()  # pushed before the tail's text: carried where that shows none
+        self._num_carried = carried + len(held) if carried == len(text) else carried
+        return text + held
 
     def _finish(self) -> str:
         self._finished = True

@@ -18,7 +18,10 @@ shows it, see `TextOffsets`; with ``echo``, each prompt token counts as its part
 prompt, `echoed_token_texts`, and the output's offsets continue after it). Chat ``bytes`` (of
 the token and of each alternative) are the token's own raw bytes, as the tokenizer's vocabulary
 spells them (`TokenTexts` takes them from the grammar's tokenizer), so the ``bytes`` of a choice's
-content tokens, joined, decode to its text even where a character spans tokens; a token the
+content tokens, joined, decode to its text even where a character spans tokens, but for spaces the
+decoder drops: a SentencePiece ``▁`` word's bytes hold its space (``▁Hello``: b" Hello", its
+``token`` "Hello"), which the text lacks where the word starts it (the decoder strips the text's
+first space), and a core that cleans up tokenization spaces removes some from the text; a token the
 vocabulary cannot spell (outside the sampled range) falls back to its text's UTF-8.
 
 Shapes: chat ``choices[].logprobs = {"content": [{"token", "logprob", "bytes", "top_logprobs":
@@ -166,7 +169,8 @@ class LogprobEntry:
     part of the echoed prompt), which differs from `text` where a decoder treats a token alone
     differently (SentencePiece's ``▁`` reads as a leading space except at the start); `settled`: no
     character was left open after it (its `shown` then holds the text of every token since the last
-    settled one)."""
+    settled one). On a core that cleans up tokenization spaces, `shown` is the text before the cleanup
+    and `removed` the number of characters before it that the cleanup removes (as known then)."""
 
     token_id: int
     text: str
@@ -175,6 +179,7 @@ class LogprobEntry:
     raw: bytes | None = None
     shown: str | None = None
     settled: bool = True
+    removed: int = 0
 
     @property
     def token_bytes(self) -> bytes:
@@ -207,15 +212,15 @@ class TokenTexts:
         return raw
 
     def entry(self, token_id: int, values: TokenLogprobs | None, num_top: int | None = None,
-              shown: str | None = None, settled: bool = True) -> LogprobEntry:
+              shown: str | None = None, settled: bool = True, removed: int = 0) -> LogprobEntry:
         """`values` of `token_id` with at most `num_top` alternatives (None: all); a token without
-        values (the first prompt token) gets None for both. `shown`/`settled`: see `LogprobEntry`."""
+        values (the first prompt token) gets None for both. `shown`/`settled`/`removed`: see `LogprobEntry`."""
         if values is None:
-            return LogprobEntry(token_id, self.text(token_id), None, None, self.raw(token_id), shown, settled)
+            return LogprobEntry(token_id, self.text(token_id), None, None, self.raw(token_id), shown, settled, removed)
         top = values.top if num_top is None else values.top[:num_top]
         return LogprobEntry(token_id, self.text(token_id), values.logprob,
                             tuple(Alternative(alt, self.text(alt), value, self.raw(alt)) for alt, value in top),
-                            self.raw(token_id), shown, settled)
+                            self.raw(token_id), shown, settled, removed)
 
 
 def _number(value: float | None) -> float | None:
@@ -251,13 +256,21 @@ class TextOffsets:
     ``▁`` word marker, a leading space in the text except at its start) counts as the text shows it.
     Otherwise (a character left open, or a token without `shown`) a token's text (decoded alone)
     counts as it is while no character is open and it holds no U+FFFD, and its raw bytes are decoded
-    after the open character's where one is. One per response (a stream's chunks share it);
-    mutable, used by one thread."""
+    after the open character's where one is.
+
+    On a core that cleans up tokenization spaces (" ." reads "."), the characters above are those of
+    the text before the cleanup, and a token's offset leaves out those the cleanup removes before it
+    (`LogprobEntry.removed`; the cleanup holds a space back until the text after it decides, so the
+    token after " '" starts one character later than the text that token's step showed). Where the
+    cleanup decides only later (a space before an open byte run), an offset counts the space, and a
+    later token never starts before it. One per response (a stream's chunks share it); mutable, used
+    by one thread."""
 
     def __init__(self, start: int = 0):
         self._num_chars = start  # characters of complete text so far
         self._open = b""  # the bytes of a character not yet complete (at most 3)
         self._settled = start  # characters of text after the last token that left no character open
+        self._last = start  # the last offset given
 
     @property
     def position(self) -> int:
@@ -267,7 +280,8 @@ class TextOffsets:
         """The offsets of `entries` (the next tokens, in order); advances past them."""
         offsets = []
         for entry in entries:
-            offsets.append(self.position)
+            self._last = max(self._last, self.position - entry.removed)
+            offsets.append(self._last)
             if entry.shown is not None and entry.settled:
                 self._num_chars = self._settled = self._settled + len(entry.shown)
                 self._open = b""

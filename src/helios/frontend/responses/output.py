@@ -107,13 +107,15 @@ class PendingText:
     token's log-probability entries (none, or the token's one).
 
     A matcher releases a prefix of the concatenated text; only segments it released completely
-    leave (`release`), so a token's text is handed on whole, with its entries. Owned by one
-    `OutputProcessor`.
+    leave (`release`), so a token's text is handed on whole, with its entries. A segment's text may
+    begin with text of earlier tokens that the space cleanup held back (its `carried` characters).
+    Owned by one `OutputProcessor`.
     """
 
     def __init__(self) -> None:
         self._segments: deque[Segment] = deque()
         self._entries: deque[tuple[LogprobEntry, ...]] = deque()  # one item per segment
+        self._carried: deque[int] = deque()  # one item per segment
         self._num_released = 0  # released characters at the front of the first segment
         self._num_texts = 0  # segments with text
         self._first = 0  # the first of them (while there is one): found once, not on each release
@@ -121,13 +123,14 @@ class PendingText:
     def __bool__(self) -> bool:
         return bool(self._segments)
 
-    def push(self, token_id: int, text: str, entries: tuple[LogprobEntry, ...] = ()) -> None:
+    def push(self, token_id: int, text: str, entries: tuple[LogprobEntry, ...] = (), carried: int = 0) -> None:
         if text:
             if not self._num_texts:
                 self._first = len(self._segments)
             self._num_texts += 1
         self._segments.append((token_id, text))
         self._entries.append(entries)
+        self._carried.append(carried)
 
     def release(self, num_chars: int) -> tuple[list[Segment], list[LogprobEntry]]:
         """Adds `num_chars` released characters; returns the segments now released completely and
@@ -139,6 +142,7 @@ class PendingText:
             for _ in range(end + 1):
                 out.append(self._segments.popleft())
                 entries.extend(self._entries.popleft())
+                self._carried.popleft()
             self._num_released -= len(out[-1][1])
             self._num_texts -= 1
             if self._num_texts:
@@ -150,6 +154,7 @@ class PendingText:
         out, entries = list(self._segments), [entry for item in self._entries for entry in item]
         self._segments.clear()
         self._entries.clear()
+        self._carried.clear()
         self._num_texts = 0
         return out, entries
 
@@ -163,33 +168,48 @@ class PendingText:
     def cut(self) -> tuple[list[Segment], list[LogprobEntry]]:
         """A stop matched: the released part of the first segment with text, as plain text, with the
         entries of the tokens whose text starts in it (that segment's text can begin with the text of
-        the tokens without text before it); drops the rest (text the stop hides, its tokens' entries)."""
+        the tokens without text before it, after the text it carries); drops the rest (text the stop
+        hides, its tokens' entries)."""
         out, entries = [], []
         end = self._first_text()
         if end is not None and self._num_released:
             out.append((NOT_A_TOKEN, self._segments[end][1][: self._num_released]))
             group = [entry for index in range(end + 1) for entry in self._entries[index]]
-            entries.extend(entry for entry, start in zip(group, _text_starts(group)) if start < self._num_released)
+            num_held = len(group) - len(self._entries[end])  # the tokens before the segment's own
+            entries.extend(entry for entry, start in zip(group, _text_starts(group, self._carried[end], num_held))
+                           if start < self._num_released)
         self._segments.clear()
         self._entries.clear()
+        self._carried.clear()
         self._num_texts = 0
         self._num_released = 0
         return out, entries
 
 
-def _text_starts(group: Sequence[LogprobEntry]) -> list[int]:
+def _text_starts(group: Sequence[LogprobEntry], carried: int = 0, num_before: int | None = None) -> list[int]:
     """Where each token of a held group (tokens that showed no text, then the one whose delta shows
     theirs and its own) starts in that delta: the characters the tokens before it complete, counted
     as `TextOffsets` counts a token with a character open, and a token that continues an open
-    character where that character begins."""
-    starts, num_chars, open_bytes = [], 0, b""
-    for entry in group:
+    character where that character begins. The delta begins with `carried` characters that the space
+    cleanup held back: the text of the group's first tokens whose whole text it held (their own
+    text shown, `LogprobEntry.shown`, though their step showed none) and of tokens before them; of
+    the group, `num_before` (all but the last when None) are tokens before the delta's own."""
+    num_before = len(group) - 1 if num_before is None else num_before
+    num_held = 0  # the group's first tokens' text, held by the cleanup
+    for entry in group[:num_before]:
+        if not (entry.settled and entry.shown):
+            break
+        num_held += len(entry.shown)
+    starts, num_chars, open_bytes = [], max(0, carried - num_held), b""
+    for index, entry in enumerate(group):
         starts.append(num_chars)
-        if not open_bytes and REPLACEMENT_CHAR not in entry.text:
-            num_chars += len(entry.text)
+        if index < num_before and entry.settled and entry.shown and num_chars < carried:
+            num_chars = min(carried, num_chars + len(entry.shown))
+        elif not open_bytes and REPLACEMENT_CHAR not in entry.text:
+            num_chars = max(num_chars, carried) + len(entry.text)
         else:
             num_complete, open_bytes = lossy_utf8(open_bytes + entry.token_bytes)
-            num_chars += num_complete
+            num_chars = max(num_chars, carried) + num_complete
     return starts
 
 
@@ -286,7 +306,7 @@ class OutputProcessor:
         if self._token_stops is not None:
             return self._feed_token_stops(observation, token_id, logprobs)
         text = self._detokenizer.feed(token_id)
-        entry = self._logprob_entry(token_id, logprobs, text)
+        entry = self._logprob_entry(token_id, logprobs)
         if text:
             self._num_looked_ahead = 0
         elif self._string_stops is not None:
@@ -295,7 +315,7 @@ class OutputProcessor:
             self._logprobs.extend(entry)
             return OutputStep(observation, tuple(self._parse([(token_id, text)])), False, entry)
         result = self._stops.feed(token_id, text)
-        self._pending.push(token_id, text, entry)
+        self._pending.push(token_id, text, entry, self._detokenizer.num_carried)
         segments, entries = self._pending.release(len(result.emit_text))
         if result.matched:
             cut, cut_entries = self._pending.cut()
@@ -317,9 +337,12 @@ class OutputProcessor:
         self._num_looked_ahead += len(ahead)
         if stops.look_ahead(ahead):
             return detokenizer.fixed_open_text()
-        if (stops.can_end_in_replacement and stops.completes_ahead(REPLACEMENT_CHAR)
-                and detokenizer.ends_in_stray_byte()):
-            return detokenizer.fixed_open_text() + REPLACEMENT_CHAR
+        if not stops.can_end_in_replacement:
+            return ""
+        # the U+FFFD after the text looked at (and a space the cleanup held before it)
+        stray = detokenizer.fixed_open_text(self._num_looked_ahead, REPLACEMENT_CHAR)
+        if stops.completes_ahead(stray) and detokenizer.ends_in_stray_byte():
+            return detokenizer.fixed_open_text(0, REPLACEMENT_CHAR)
         return ""
 
     def _feed_token_stops(self, observation: TokenObservation | None, token_id: int,
@@ -342,16 +365,19 @@ class OutputProcessor:
         for _ in range(count):
             held_id, held_logprobs = self._held.popleft()
             text = self._detokenizer.feed(held_id)
-            entries.extend(self._logprob_entry(held_id, held_logprobs, text))
+            entries.extend(self._logprob_entry(held_id, held_logprobs))
             segments.append((held_id, text))
         return segments, entries
 
-    def _logprob_entry(self, token_id: int, logprobs: TokenLogprobs | None, text: str) -> tuple[LogprobEntry, ...]:
-        """The token's entry, with the text its detokenization just gave (`LogprobEntry.shown`)."""
+    def _logprob_entry(self, token_id: int, logprobs: TokenLogprobs | None) -> tuple[LogprobEntry, ...]:
+        """The token's entry, with the text its detokenization just gave, before the space cleanup, and
+        the characters the cleanup removes before it (`LogprobEntry.shown`, `removed`)."""
         if self._token_texts is None or logprobs is None:
             return ()
-        settled = self._detokenizer.num_pending_tokens == 0
-        return (self._token_texts.entry(token_id, logprobs, shown=text, settled=settled),)
+        detokenizer = self._detokenizer
+        settled = detokenizer.num_pending_tokens == 0
+        return (self._token_texts.entry(token_id, logprobs, shown=detokenizer.uncleaned_delta, settled=settled,
+                                        removed=detokenizer.num_removed),)
 
     def finish(self, reason: FinishReason, reused_prompt_tokens: int = 0) -> OutputFinal:
         """Ends the output with the engine's reason (a matched stop makes it STOP) and flushes."""
@@ -377,7 +403,7 @@ class OutputProcessor:
         tail = self._detokenizer.finish()
         if self._stops is None:
             return [(NOT_A_TOKEN, tail)]
-        self._pending.push(NOT_A_TOKEN, tail)
+        self._pending.push(NOT_A_TOKEN, tail, (), self._detokenizer.num_carried)
         segments, entries = self._pending.release(len(self._stops.finish(tail)))
         if self._pending.has_text:  # the stop completed in the tail
             cut, cut_entries = self._pending.cut()
