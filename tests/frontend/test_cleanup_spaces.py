@@ -299,3 +299,24 @@ def test_a_stop_ending_in_a_stray_byte_sees_the_held_space():
                              ObservationOptions(), [], None)
     stopped = [output.feed(token_id).is_stopped for token_id in ids]
     assert stopped == [False, False, True, True]
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_an_echoed_id_prompt_is_cleaned_as_the_output_is(word_level, declared):
+    """A text completion's ``echo`` of an id prompt on a core that cleans up tokenization spaces is
+    transformers' decode of the ids (it was the raw decode: "Hello , world ." beside a cleaned
+    output); a text prompt is echoed as sent, and a core without the cleanup echoes the raw decode."""
+    from helios.server.schemas import CompletionRequest
+
+    from .served import run_output
+
+    tokenizer, reference = word_level
+    model = _served(tokenizer, {"clean_up_tokenization_spaces": True} if declared else {})
+    ids = tokenizer.encode(SENTENCE).ids
+    for prompt, echoed in ((ids, reference.decode(ids) if declared else SENTENCE), (SENTENCE, SENTENCE)):
+        body = CompletionRequest.model_validate({"model": model.served_id, "prompt": prompt, "echo": True,
+                                                 "max_tokens": 1})
+        prepared = model.prepare_completion(body, request_id="r1")
+        _, final = run_output(prepared, tokenizer.encode("I").ids)
+        text = prepared.response_body(final)["choices"][0]["text"]
+        assert text.startswith(echoed) and text[len(echoed):] in ("I", " I")

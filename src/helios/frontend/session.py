@@ -29,7 +29,7 @@ from helios.contract.settings import ResolvedSettings
 from helios.errors import ContractError, LoadError, RequestError
 from helios.frontend.preparation.client_fields import effective_template_kwargs, thinking_switch_of
 from helios.frontend.structured.contract_syntax import FrontendSyntax
-from helios.frontend.decoding.detokenize import IncrementalDetokenizer
+from helios.frontend.decoding.detokenize import IncrementalDetokenizer, clean_up_tokenization
 from helios.frontend.preparation.generation import (
     GenerationParams, is_seed_pinned, resolve_output_limit, resolve_sampling, scored_prompt_limit,
 )
@@ -395,8 +395,12 @@ class FrontendModel:
         return LogprobRequest(requested, prompt)
 
     def _echo_text(self, prompt: str | Sequence, prompt_ids: tuple[int, ...]) -> str:
-        """The prompt as ``echo`` returns it: the text given, or the ids decoded."""
-        return prompt if isinstance(prompt, str) else self._tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+        """The prompt as ``echo`` returns it: the text given, or the ids decoded (cleaned up as the
+        output is, on a core that cleans up tokenization spaces: transformers' decode)."""
+        if isinstance(prompt, str):
+            return prompt
+        text = self._tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+        return clean_up_tokenization(text) if self._facts.clean_up_spaces else text
 
     def _output_limit(self, requested: RequestedOutput, prompt_len: int) -> int:
         """`resolve_output_limit` for `requested`; its 400 names the field the body sent."""

@@ -77,6 +77,13 @@ CLEANUP_REPLACEMENTS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" '
                         (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
+def clean_up_tokenization(text: str) -> str:
+    """transformers' ``clean_up_tokenization`` of a whole text (`SpaceCleanup` streams it)."""
+    for old, new in CLEANUP_REPLACEMENTS:
+        text = text.replace(old, new)
+    return text
+
+
 class SpaceCleanup:
     """Streams transformers' ``clean_up_tokenization``: the concatenation of `push` deltas and `flush`
     equals the cleanup of the concatenated input. The cleanup is a chain of ``str.replace`` calls, each
