@@ -26,6 +26,16 @@ class ChatOptionError(RequestError):
     names the field at fault (the error body's ``param``)."""
 
 
+class ToolChoiceWithoutTools(ChatOptionError):
+    """``tool_choice: "auto"`` in a request without ``tools``: there is nothing to choose from.
+    OpenAI answers 400 ("tool_choice is only allowed when tools are specified"), and so does vLLM;
+    serving it as plain chat hid the client's mistake (a forgotten tools list). An empty ``tools``
+    list is served as none, as vLLM serves it; ``required`` or a named function without tools is a
+    `ChatOptionError` of its own (nothing to call)."""
+
+    param = "tool_choice"
+
+
 class SamplingBody(Protocol):
     """Fields shared by chat and text completion bodies (pydantic models or equivalents)."""
 
@@ -131,11 +141,15 @@ class ToolPolicy:
 
 def parse_tool_policy(body: ChatOptionsBody) -> ToolPolicy:
     """``tool_choice`` and ``parallel_tool_calls``: ``auto`` (the default) with tools, ``none``,
-    ``required`` (needs tools) or a named function (must be declared). Forcing and
-    ``parallel_tool_calls=false`` are enforced by a tool-call grammar (`helios.frontend.structured.grammar_request`)."""
+    ``required`` (needs tools) or a named function (must be declared); ``auto`` without ``tools``
+    is `ToolChoiceWithoutTools`. Forcing and ``parallel_tool_calls=false`` are enforced by a
+    tool-call grammar (`helios.frontend.structured.grammar_request`)."""
     names = tool_names(body)
     parallel = body.parallel_tool_calls is not False
     choice = body.tool_choice
+    if choice == "auto" and body.tools is None:  # required and named choices without tools fail below
+        raise ToolChoiceWithoutTools("tool_choice 'auto' is only allowed when tools are specified; give the "
+                                     "tools, or leave tool_choice out")
     if choice is not None and not isinstance(choice, str):
         if choice.function.name not in names:
             raise ChatOptionError(f"tool_choice names an undeclared function {choice.function.name!r}", "tool_choice")
