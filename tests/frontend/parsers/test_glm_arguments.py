@@ -66,6 +66,15 @@ CASES = {
                    "<arg_key>\tcity </arg_key><arg_value>Oslo</arg_value>\n</tool_call>"],
         Expect("", "", (Call("get_weather", {"days": 3, "city": "Oslo"}),)),
     ),
+    "key_on_its_own_line": (  # a key holding a line break was no tag: its argument was stray text, dropped
+        UNOPENED, ["<tool_call>get_weather\n<arg_key>\ncity\n</arg_key>\n<arg_value>Paris</arg_value>\n"
+                   "<arg_key>days\n</arg_key>\n<arg_value>2</arg_value>\n</tool_call>"],
+        Expect("", "", (Call("get_weather", {"city": "Paris", "days": 2}),)),
+    ),
+    "key_with_line_break_and_quotes": (  # any text but a tag's "<" is a key, as vLLM's GLM parser reads it
+        UNOPENED, ['<tool_call>get_weather\n<arg_key>say "hi"\nnow</arg_key>\n<arg_value>ok</arg_value>\n</tool_call>'],
+        Expect("", "", (Call("get_weather", {'say "hi"\nnow': "ok"}),)),
+    ),
     "invalid_boolean": (
         UNOPENED, [call("get_weather", ("verbose", "maybe"))],
         Expect("", "", (Call("get_weather", {"verbose": "maybe"}),), (K.INVALID_VALUE,)),

@@ -7,14 +7,15 @@
 
 The name is the text after the opener, up to ``name_separator`` (or the first key, or the closer
 of a call without arguments), surrounding whitespace removed; so is a key's (``<arg_key> city
-</arg_key>`` is ``city``, as vLLM's GLM parser reads it). One block is one call; parallel calls are
+</arg_key>`` is ``city``, as vLLM's GLM parser reads it), which is any text without ``<`` (line
+breaks and quotes too). One block is one call; parallel calls are
 consecutive blocks. Values are typed by the request's JSON schema; a string value is the text as
 written (the template writes it so). Recovery rules: `tag_tools`.
 """
 
 from __future__ import annotations
 
-from helios.frontend.parsers.scan import TagForm
+from helios.frontend.parsers.scan import FORBIDDEN_IN_TEXT, TagForm
 from helios.frontend.parsers.tool_grammar import ToolGrammar
 from helios.frontend.decoding.syntax import GlmArgumentSyntax
 
@@ -26,7 +27,9 @@ def glm_arguments_grammar(syntax: GlmArgumentSyntax) -> ToolGrammar:
         invoke_open=None,
         invoke_close="",
         name_separator=syntax.name_separator,
-        key_open=TagForm(syntax.key_open, (syntax.key_close,)),
+        # the key is text, as written: vLLM's GLM parser reads any text up to </arg_key> (a key the
+        # model wrote on its own line, "<arg_key>\ncity\n</arg_key>", was no tag, so the argument was lost)
+        key_open=TagForm(syntax.key_open, (syntax.key_close,), FORBIDDEN_IN_TEXT),
         value_open=syntax.value_open,
         value_close=syntax.value_close,
         block_lead=syntax.block_lead,

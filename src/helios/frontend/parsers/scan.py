@@ -16,15 +16,20 @@ from typing import NamedTuple
 
 # Captured values are short names or flags: no markup characters, no line breaks, bounded length.
 MAX_CAPTURE_LEN = 256
-_FORBIDDEN_IN_CAPTURE = frozenset('<>"\n')
+FORBIDDEN_IN_CAPTURE = frozenset('<>"\n')
+# A captured text between an open and a close tag (GLM's ``<arg_key>K</arg_key>``) is text, which the
+# template writes verbatim: only the start of another tag ends it short.
+FORBIDDEN_IN_TEXT = frozenset("<")
 
 
 @dataclass(frozen=True)
 class TagForm:
-    """``prefix`` then, for each terminator, a non-empty captured value ended by that terminator."""
+    """``prefix`` then, for each terminator, a non-empty captured value ended by that terminator,
+    holding none of the ``forbidden`` characters."""
 
     prefix: str
     terminators: tuple[str, ...] = ()
+    forbidden: frozenset[str] = FORBIDDEN_IN_CAPTURE
 
     def __post_init__(self) -> None:
         if not self.prefix or not all(self.terminators):
@@ -74,7 +79,7 @@ def match_form(buf: str, pos: int, form: TagForm) -> TagMatch | int:
                 break
             if after == -1:
                 return _PARTIAL
-            if buf[end] in _FORBIDDEN_IN_CAPTURE:
+            if buf[end] in form.forbidden:
                 return _NO
             end += 1
     return TagMatch("", pos, end, tuple(captures))
