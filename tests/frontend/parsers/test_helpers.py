@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -146,3 +147,18 @@ def test_an_integer_written_as_a_whole_number_is_that_integer():
     assert typed_value("4.0", I | S) == ("4", True) and typed_value("4.5", I | S) == ('"4.5"', True)
     assert typed_value("4.0", I | N) == ("4.0", True)
     assert typed_value("1e999", I) == ('"1e999"', False) and typed_value("true", I) == ('"true"', False)
+
+
+def test_a_python_literal_object_or_array_is_that_json_value():
+    """Models trained on Python write ``{'a': True, 'b': None}`` for an object parameter; vLLM's
+    Qwen3-Coder and GLM parsers read it with ``ast.literal_eval``, where it came back as the string
+    with INVALID_VALUE. Nothing but literals of JSON values is read: no code, no sets, bytes, complex
+    numbers, non-string keys, infinities or texts beyond the bound."""
+    O, A, S = (frozenset({kind}) for kind in (ValueKind.OBJECT, ValueKind.ARRAY, ValueKind.STRING))
+    assert typed_value("{'a': True, 'b': None, 'c': [1, 2.5, 'x']}\n", O) == \
+        ('{"a": true, "b": null, "c": [1, 2.5, "x"]}', True)
+    assert typed_value("[('x', False)]", A) == ('[["x", false]]', True)
+    assert typed_value("{'a': 1}", A | S) == ('"{\'a\': 1}"', True)  # no array: the string as written
+    for text in ("{1: 2}", "{1, 2}", "[b'x']", "[1+2j]", "[1e999]", "[__import__('os')]", "[x]", "(1, 2)",
+                 "[" * 10000, "[" + "9" * 5000 + "]", "['" + "a" * 70000 + "']"):
+        assert typed_value(text, O | A) == (json.dumps(text), False), text[:20]

@@ -59,6 +59,10 @@ CASES = {
             "options": {"hourly": [1, 2]}, "tags": ["a", "b"], "limit": None,
         }),)),
     ),
+    "python_literal_values": (  # read as strings with INVALID_VALUE; vLLM's parser takes Python literals
+        UNOPENED, [call("get_weather", ("options", "{'hourly': True, 'at': None}"), ("tags", "['a', 'b']"))],
+        Expect("", "", (Call("get_weather", {"options": {"hourly": True, "at": None}, "tags": ["a", "b"]}),)),
+    ),
     "parallel_calls": (
         OPEN,
         ["Two cities.\n</think>\n\n" + WEATHER + "\n" + call("get_weather", ("city", "Oslo")) + "\n"],

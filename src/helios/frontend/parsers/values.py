@@ -10,13 +10,16 @@ into JSON text:
 - a parameter allowing only ``string`` (or one with no usable type: undeclared, untyped) is the raw
   text, verbatim;
 - otherwise the other allowed types are tried on the text without surrounding whitespace, in this
-  order: integer, number, boolean, null, object/array (as JSON), an integer spelled as a whole
+  order: integer, number, boolean, null, object/array (as JSON, else as a Python literal of JSON
+  values, ``{'a': True, 'b': None}``, which models trained on Python write and vLLM's Qwen3-Coder
+  and GLM parsers read with ``ast.literal_eval``: `python_literal`), an integer spelled as a whole
   number (``3.0``, ``1e3``); then ``string`` if allowed;
 - if nothing fits, the raw text is kept as a JSON string and the result says it was invalid.
 """
 
 from __future__ import annotations
 
+import ast
 import decimal
 import enum
 import json
@@ -220,10 +223,47 @@ def _try_kind(kind: ValueKind, text: str) -> tuple[bool, Any]:
             return (lowered in ("true", "false"), lowered == "true")
         if kind is ValueKind.NULL:
             return (text in ("null", "None"), None)
-        value = parse_json(text)
-        return isinstance(value, dict if kind is ValueKind.OBJECT else list), value
+        container = dict if kind is ValueKind.OBJECT else list
+        try:
+            value = parse_json(text)
+        except (ValueError, RecursionError):
+            value = python_literal(text)
+        return isinstance(value, container), value
     except (ValueError, RecursionError):
         return False, None
+
+
+MAX_PYTHON_LITERAL_LEN = 64 * 1024  # characters: a larger value is not read as a Python literal
+
+
+def python_literal(text: str) -> Any:
+    """The JSON value of a Python literal object or array (``{'a': True, 'b': None}``, ``[1, (2,)]``):
+    dicts with string keys, lists and tuples (as arrays), strings, booleans, None, integers and finite
+    floats. ValueError for anything else: not such a literal, other Python values (sets, bytes,
+    complex numbers, non-string keys), or text beyond `MAX_PYTHON_LITERAL_LEN`. `ast.literal_eval`
+    evaluates no code; the bound keeps its parse cheap, and nesting beyond the parser's limit is a
+    SyntaxError (or RecursionError)."""
+    if len(text) > MAX_PYTHON_LITERAL_LEN or not text.startswith(("{", "[")):
+        raise ValueError("not a Python literal object or array")
+    try:
+        value = ast.literal_eval(text)
+    except (SyntaxError, TypeError, MemoryError) as error:  # ValueError and RecursionError propagate
+        raise ValueError("not a Python literal") from error
+    return _json_of_literal(value)
+
+
+def _json_of_literal(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("JSON has no spelling for infinity")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_of_literal(item) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _json_of_literal(item) for key, item in value.items()}
+    raise ValueError(f"a Python {type(value).__name__} is no JSON value")
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
