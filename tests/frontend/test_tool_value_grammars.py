@@ -301,6 +301,30 @@ def test_a_forced_value_of_several_kinds_writes_exactly_its_string_enum_values(m
             assert call_arguments(served, prepared, write({"a": written})) is None, (schema, written)
 
 
+FREE_MIXED = [  # (parameter schema, {written: parsed}, refused: texts no value of it is written as)
+    ({"anyOf": [{"type": "integer"}, {"type": "string"}]},
+     {"Paris": "Paris", "3": 3, "3 apples": "3 apples", "null": "null", "True": "True", "": ""}, [" 3 ", "3.5"]),
+    ({"type": ["integer", "string", "null"]}, {"x y": "x y", "-2": -2, "null": None}, ["None"]),
+    ({"type": ["boolean", "string", "array"]}, {"true": True, "tomorrow": "tomorrow", "[1]": [1], "3": "3"},
+     ["True", "[x"]),
+]
+
+
+@pytest.mark.parametrize("syntax", ["qwen", "glm", "xtml"])
+def test_a_forced_value_of_several_kinds_writes_any_string_where_the_schema_allows_one(models, syntax):
+    """A forced ``int | str`` parameter (``anyOf`` or a ``type`` list) could only be written as an
+    integer: its string branch was dropped, so "Paris" was refused. Any text the parser reads back as
+    a string is written now; text it would read as another kind is the JSON value's to write."""
+    served = models[syntax]
+    write = CALLS[syntax][0]
+    for schema, taken, refused in FREE_MIXED:
+        prepared = forced(served, {"type": "object", "properties": {"a": schema}, "required": ["a"]})
+        for written, parsed in taken.items():
+            assert call_arguments(served, prepared, write({"a": written})) == {"a": parsed}, (schema, written)
+        for written in refused:
+            assert call_arguments(served, prepared, write({"a": written})) is None, (schema, written)
+
+
 @pytest.mark.parametrize("syntax", ["qwen", "dsml", "xtml"])
 def test_a_json_value_holds_the_closer_only_inside_strings_which_the_parser_reads_through(models, syntax):
     served = models[syntax]

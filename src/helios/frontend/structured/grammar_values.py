@@ -29,7 +29,12 @@ the schema accepts:
   branches removed when the parsers would read the text as a raw string instead; scalars are then
   spelled as the parsers expect them (``3``, ``true``, ``null``). Its string ``enum``/``const``
   values are raw text beside it where the parsers read them back as strings
-  (`mixed_string_literals`: ``anyOf: [{type: integer}, {const: "auto"}]`` writes ``auto``);
+  (`mixed_string_literals`: ``anyOf: [{type: integer}, {const: "auto"}]`` writes ``auto``), and so
+  is any text the parsers read back as a string where the schema allows any string (`mixed_free_string`:
+  ``type: [integer, string]``, ``anyOf: [{type: integer}, {type: string}]``): text that does not read
+  as one of the other kinds (for integers or numbers no JSON number at all, so ``3.5`` beside integers
+  stays unwritten though the parser would read it as a string). Strings a mixed parameter bounds
+  (``maxLength``, ``pattern``, ``format`` ...) stay unwritten;
 - a syntax whose markup declares JSON (`ValueStyle.flag`: DSML ``string="false"``) writes JSON
   under the whole schema, and raw text under ``string="true"`` for plain string parameters;
 - XML-escaped syntaxes (XTML) write raw strings as escaped text, held to what it decodes to.
@@ -70,6 +75,7 @@ from helios.frontend.structured.grammar import GrammarError
 from helios.frontend.structured.grammar_escaped import ESCAPED_CHAR, escape_text, escaped_keywords, escaped_search
 from helios.frontend.structured.grammar_strings import FREE, RawString, StringBounds, raw_string
 from helios.frontend.structured.grammar_lark import (
+    ESCAPED_TEXT,
     LarkRules,
     Spelling,
     avoiding,
@@ -298,6 +304,66 @@ def mixed_string_literals(schema: Any, document: SchemaDocument, kinds: frozense
                  if typed_value(text, kinds) == TypedValue(dump_json(text), True))
 
 
+def mixed_free_string(schema: Any, document: SchemaDocument) -> bool:
+    """Whether a parameter of several kinds (a subschema of ``document``) allows any string: its top
+    level (its ``$ref`` followed) says nothing more about strings (`mixed_string_literals`' rule) and
+    its ``type`` list names ``string``, or one of its ``anyOf`` branches is an unbounded string (no
+    ``minLength``, ``maxLength``, ``pattern``, ``enum``/``const`` nor ``format``). Forced, such a value
+    was JSON of its other kinds only: ``int | str`` could never be a string."""
+    top = document.deref(schema)
+    if not isinstance(top, Mapping) or any(key in top for key in (*_STRING_KEYWORDS, "enum", "const")):
+        return False
+    declared = top.get("type")
+    types = declared if isinstance(declared, list) else [declared]
+    branches = top.get("anyOf")
+    if not isinstance(branches, list):
+        return "string" in types
+    if declared is not None and "string" not in types:
+        return False
+    return any(_is_free_string(branch, document) for branch in branches)
+
+
+def _is_free_string(schema: Any, document: SchemaDocument) -> bool:
+    """Whether ``schema`` allows only strings, any string: a ``format`` anywhere in it (or the word
+    elsewhere, a description's: the check errs on the side of bounded) is a bound raw text cannot
+    hold (`raw_string` reads none)."""
+    if schema_kinds(schema, document) != STRING_ONLY or "format" in json.dumps(document.deref(schema)):
+        return False
+    try:
+        return raw_string(schema, document) == FREE
+    except GrammarError:  # differently bounded alternatives: bounded
+        return False
+
+
+# What Python's str.strip() removes (str.isspace), which the parsers strip from a typed value.
+_STRIPPED = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in map(chr, range(0x3001)) if c.isspace()) + "]"
+_JSON_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
+
+
+def _other_kinds(kinds: frozenset[ValueKind]) -> tuple[str, str]:
+    """(a regex (Rust syntax) of the stripped value texts the parsers read as a kind other than a
+    string (`typed_value`), or somewhat more: every JSON number where integers or numbers are
+    allowed, every text opening with ``{`` or ``[`` where objects or arrays are; the characters such
+    a JSON value starts with)."""
+    alternatives, starts = [], ""
+    if kinds & {ValueKind.INTEGER, ValueKind.NUMBER}:
+        alternatives.append(_JSON_NUMBER)
+        starts += "-0-9"
+    if ValueKind.BOOLEAN in kinds:
+        alternatives.append("[tT][rR][uU][eE]|[fF][aA][lL][sS][eE]")
+        starts += "tf"
+    if ValueKind.NULL in kinds:
+        alternatives.append("null|None")
+        starts += "n"
+    if ValueKind.OBJECT in kinds:
+        alternatives.append(r"\{(?s:.*)")
+        starts += r"\{"
+    if ValueKind.ARRAY in kinds:
+        alternatives.append(r"\[(?s:.*)")
+        starts += r"\["
+    return "|".join(alternatives), starts
+
+
 def without_null_branches(schema: Any, document: SchemaDocument) -> Any:
     """``schema`` (its ``$ref`` followed) without the ``anyOf``/``oneOf`` alternatives that allow only
     null: the string part of a nullable string, whose bounds those alternatives would free."""
@@ -351,11 +417,12 @@ class ValueGrammar:
             return ParameterValue("", self._rules.rule("nullable", f"{text} | {null}"))
         if ValueKind.STRING in kinds:
             literals = mixed_string_literals(schema, document, kinds)
+            is_free = mixed_free_string(schema, document)
             schema = without_strings(schema, document)
             if schema is None:  # an enum's other values were left out here: they hold no non-string value
                 return ParameterValue("", self._string(RawString(literals) if literals else FREE))
-            if literals:
-                text = self._string(RawString(literals))
+            if is_free or literals:
+                text = self._read_as_string(kinds) if is_free else self._string(RawString(literals))
                 return ParameterValue("", self._rules.rule("mixed", f"{self._json(schema, document)} | {text}"))
         return ParameterValue("", self._json(schema, document))
 
@@ -381,6 +448,47 @@ class ValueGrammar:
             text = free_text(self._rules, escaped=True)
             return self._rules.rule("string", f"{text}? {closer}")
         return text_then(self._rules, [self._closer], avoid=self._cuts)[0]
+
+    def _read_as_string(self, kinds: frozenset[ValueKind]) -> str:
+        """The wrap, then raw text and the closer, that the parsers read back as a string under
+        `kinds`: no text of another kind (`_other_kinds`), which the JSON value beside it writes.
+        Like any raw value it never holds the closer nor a cut (`ValueStyle.cuts`); escaped, it is
+        escaped text (its entities decode to no character another kind's text holds).
+
+        llguidance's lexer takes the longest lexeme and does not go back, so the text must not be
+        able to go on where the JSON value beside it ends: after another kind's text, no character
+        that may follow that value (the wrap's or the closer's first), nor a JSON value's first
+        character right after the wrap, nor anything after ``{`` or ``[`` (a JSON object or array is
+        several lexemes). Those strings stay unwritten (``3\\n...``, ``3<...``)."""
+        alternatives, starts = _other_kinds(kinds)
+        other = f"{_STRIPPED}*(?:{alternatives})"
+        head = self._closer[0] if self._closer and not self._closer[0].is_token else None
+        wrap = self._style.wrap
+        follows = "".join(dict.fromkeys(text[0] for text in (wrap, head.text if head else "") if text))
+        escaped = self._style.format is ValueFormat.XML_ESCAPED
+        lazy = head is not None and not escaped  # one lexeme of the text and the closer's text
+        excluded = [f"{other}{_STRIPPED}*{regex_escape(head.text) if lazy else ''}"]
+        if follows:
+            excluded.append(f"{other}[{regex_escape(follows)}](?s:.)*")
+        if wrap:
+            excluded.append(f"{regex_escape(wrap)}[{starts}](?s:.)*")
+        opens = "".join(regex_escape(text) for kind, text in ((ValueKind.OBJECT, "{"), (ValueKind.ARRAY, "["))
+                        if kind in kinds)
+        if opens:
+            excluded.append(f"{_STRIPPED}*[{opens}](?s:.)*")
+        negated = " & ".join(f"~/{text}/" for text in excluded)
+        closer = lark_of(self._closer)
+        opening = self._wrap()
+        if escaped:  # text without "<": it ends where the closer starts
+            text = self._rules.terminal("etext", f"/{ESCAPED_TEXT}+/ & {negated}")
+            return self._rules.rule("string", f"{opening}{text}? {closer}")
+        if not lazy:  # before a closer token: the text, or nothing (an empty string)
+            text = self._rules.terminal("text", avoiding(f"/(?s:.+)/ & {negated}", [self._closer, *self._cuts]))
+            return self._rules.rule("string", f"{opening}{text}? {closer}")
+        stop = regex_escape(head.text)
+        lexeme = avoiding(f"/{not_containing(head.text)}{stop}/ & {negated}", self._cuts)
+        value = self._rules.rule("lazy", lexeme, "lazy")
+        return self._rules.rule("string", " ".join(filter(None, (opening + value, lark_of(self._closer[1:])))))
 
     def _is_cut(self, text: str) -> bool:
         """Whether the parser would cut the raw value `text`, wrapped as written, before its end."""
