@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from core.builders import NAMESPACE, build_core, random_bytes
+from helios.core.records import CoreFormat
 from helios.cli.main import build_parser, main
 from helios.core.keys import SigningKey, load_signing_key, write_key_pair
 from support.cli_runs import disk_full_past, one_line, run_cli as run
@@ -401,6 +402,18 @@ def test_prepare_never_writes_over_its_key(files, tmp_path, capsys):
     assert key.read_bytes() == before
 
 
+
+@pytest.mark.parametrize("option", [["--speculative-widths", "1,8"], ["--draft-tokens", "0"],
+                                    ["--packed-per-lane", "0"], ["--speculative-batches", "2"]])
+def test_prepare_refuses_a_speculative_option_without_a_draft(files, tmp_path, option, capsys):
+    """`--speculative-widths` (it had a default) and a zero `--draft-tokens` or `--packed-per-lane`
+    (read as absent) without `--draft` were dropped: the core was prepared without speculation."""
+    (tmp_path / "checkpoint").mkdir()
+    code, _, err = run(capsys, "prepare", tmp_path / "checkpoint", "-o", tmp_path / "m.core", "--key", files["key"],
+                       "--namespace", "a/b", *option)
+    assert code == 2 and "speculative options need --draft" in one_line(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
 # -- generate and serve: checked before any load ------------------------------------------------------
 
 
@@ -421,6 +434,17 @@ def test_prepare_never_writes_over_its_key(files, tmp_path, capsys):
 def test_generate_refuses_option_values_before_loading(files, argv, message, capsys):
     code, _, err = run(capsys, "generate", files["root"] / "never-opened.core", "--accept", NAMESPACE, *argv)
     assert code == 2 and message in one_line(err)
+
+
+def test_generate_from_a_sealed_core_without_its_aes_key_says_so(files, tmp_path, capsys):
+    """The tokenizer's read failing for want of --aes-key was reported as a tokenizer that "does not
+    parse" (a load error, exit 8), without the hint to give the key; a core error is exit 4."""
+    core = tmp_path / "sealed.core"
+    build_core(core, [load_signing_key(files["key"])], core_format=CoreFormat.LOGICAL_V4,
+               extra={"tokenizer.json": b"{}"})  # extras are TOKENIZER resources
+    code, _, err = run(capsys, "generate", core, *trusted(files), "hello")
+    assert code == 4 and "does not parse" not in one_line(err)
+    assert "needs the operator's AES key" in err and "give it with --aes-key FILE" in err
 
 
 @pytest.mark.parametrize("option", ["--send-timeout", "--header-timeout", "--body-timeout"])

@@ -165,3 +165,27 @@ def test_contract_encode_writes_through_a_stream_and_a_link_and_keeps_the_mode(t
     assert run(capsys, "contract", "encode", EXAMPLE, link)[0] == 0
     assert link.is_symlink() and target.read_bytes() == expected.read_bytes()
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize("command", ["sign", "relocate", "contract encode", "contract example-core", "prepare"])
+def test_an_output_that_is_a_symbolic_link_loop_is_a_usage_error(files, tmp_path, command, capsys):
+    """`-o loop.core` where loop.core is a link to itself: following the link to the file it names
+    raised pathlib's RuntimeError ("Symlink loop"), a traceback, in every command that writes a core."""
+    loop = tmp_path / "loop.core"
+    loop.symlink_to(loop.name)
+    code, err = run(capsys, *_writers(files, loop)[command])
+    assert code == 2 and f"{loop} is a symbolic link that cannot be followed" in one_line(err)
+    assert loop.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["loop.core"]
+
+
+def test_prepare_through_a_link_to_a_checkpoint_file_is_refused(files, tmp_path, capsys):
+    """`-o model.core`, a link to the checkpoint's weights: the name's suffix was checked, not the
+    file the core is written to, and the finished core replaced the weights it was prepared from."""
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"the weights")
+    link = tmp_path / "model.core"
+    link.symlink_to(checkpoint / "model.safetensors")
+    code, err = run(capsys, "prepare", checkpoint, "-o", link, "--key", files["other"], "--namespace", "a/b")
+    assert code == 2 and f"-o {link} would replace a file of the checkpoint" in one_line(err)
+    assert (checkpoint / "model.safetensors").read_bytes() == b"the weights"

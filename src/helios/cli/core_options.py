@@ -197,6 +197,8 @@ def check_output_path(option: str, output: os.PathLike | str, inputs: Mapping[st
         raise UsageError(f"{option} {output} is a directory; name the file to write")
     if not output.parent.is_dir():
         raise UsageError(f"{option} {output}: the directory {output.parent} does not exist")
+    if _is_link_loop(output):  # the file is written where the link leads: a loop leads nowhere
+        raise UsageError(f"{option} {output} is a symbolic link that cannot be followed (a loop)")
     if output.exists() and not output.is_file() and not streams:
         raise UsageError(f"{option} {output} is not a regular file; name the file to write")
     if output.exists():
@@ -205,6 +207,16 @@ def check_output_path(option: str, output: os.PathLike | str, inputs: Mapping[st
                 if path is not None and _same_file(output, Path(path)):
                     raise UsageError(f"{option} {output} is the {name}; writing there would replace it")
     return output
+
+
+def _is_link_loop(path: Path) -> bool:
+    """Whether following `path` meets a loop of symbolic links (ELOOP): `Path.exists` reads that as
+    absent, and resolving the link to write through it raised RuntimeError (a traceback)."""
+    try:
+        os.stat(path)
+    except OSError as error:
+        return error.errno == errno.ELOOP
+    return False
 
 
 def check_room_beside(option: str, output: os.PathLike | str) -> None:

@@ -186,8 +186,9 @@ def _tokenizer_and_template(core) -> tuple[Tokenizer, str]:
         except UnicodeDecodeError:
             raise LoadError(f"the core's {kind.lower()} resource is not UTF-8 text") from None
 
+    text = resource("TOKENIZER")  # its read errors keep their own type (a sealed core without --aes-key: exit 4)
     try:
-        tokenizer = Tokenizer.from_str(resource("TOKENIZER"))
+        tokenizer = Tokenizer.from_str(text)
     except Exception as error:  # noqa: BLE001 - the tokenizers library raises its own untyped errors
         raise LoadError(f"the core's tokenizer does not parse: {error}") from None
     return tokenizer, resource("CHAT_TEMPLATE")

@@ -66,7 +66,7 @@ def register(subparsers) -> None:
     speculative = parser.add_argument_group("speculative generation (with --draft)")
     speculative.add_argument("--draft", metavar="DIR",
                              help="draft checkpoint (same vocabulary) prepared into the core for speculative generation")
-    speculative.add_argument("--speculative-widths", type=_batches, default=(1, 4), metavar="W,...",
+    speculative.add_argument("--speculative-widths", type=_batches, metavar="W,...",
                              help="verify widths W of the SPECULATIVE programs, pending token included (default 1,4)")
     speculative.add_argument("--speculative-batches", type=_batches, metavar="B,...",
                              help="SPECULATIVE batch capacities (default: the decode batches)")
@@ -86,14 +86,18 @@ def register(subparsers) -> None:
 
 
 def _speculative_plan(args: argparse.Namespace) -> SpeculativePlan | None:
+    """The plan of --draft and its options; an option given without --draft (a zero too) is refused,
+    not dropped: the core would be prepared without speculation and nothing would say so."""
     if args.draft is None:
-        if args.allocate_prefixes or args.draft_tokens or args.speculative_batches or args.packed_per_lane:
+        given = [args.speculative_widths, args.speculative_batches, args.draft_tokens, args.packed_per_lane]
+        if args.allocate_prefixes or any(value is not None for value in given):
             raise UsageError("speculative options need --draft")
         return None
     draft = Path(args.draft)
     if not draft.is_dir():
         raise UsageError(f"{draft} is not a checkpoint directory")
-    return SpeculativePlan(draft, widths=args.speculative_widths, batches=args.speculative_batches,
+    widths = args.speculative_widths or SpeculativePlan.widths  # the dataclass's default, (1, 4)
+    return SpeculativePlan(draft, widths=widths, batches=args.speculative_batches,
                            draft_tokens=args.draft_tokens, allocate_prefixes=args.allocate_prefixes,
                            packed_per_lane=args.packed_per_lane)
 
@@ -133,11 +137,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {output} is a directory; name the core file to write")
     if not output.parent.is_dir():
         raise UsageError(f"-o {output}: the directory {output.parent} does not exist")
-    for source in (checkpoint, Path(args.draft) if args.draft else None):
-        if source is not None and _is_input_file(output, source):
-            raise UsageError(f"-o {output} would replace a file of the checkpoint {source}")
     check_output_path("-o", output, {"--key file": args.key, "public key of --key": f"{args.key}.pub"})
     output = through_link(output)  # as sign, relocate and contract encode write: the link itself was replaced
+    for source in (checkpoint, Path(args.draft) if args.draft else None):  # the file written, a link's target
+        if source is not None and _is_input_file(output, source):
+            raise UsageError(f"-o {args.output} would replace a file of the checkpoint {source}")
     check_room_beside("-o", output)
     key = load_private_key(args.key)
     plan = CapacityPlan(
