@@ -5,6 +5,10 @@ bytes as a plain write, in every format and split; an aborted or misdirected one
 from __future__ import annotations
 
 import hashlib
+import io
+import signal
+import threading
+import time
 
 import pytest
 
@@ -73,3 +77,66 @@ def test_begin_comes_once(tmp_path, key):
     with pytest.raises(ValueError, match="once"):
         writer.begin(tmp_path / "m.core")
     writer.abort()
+
+
+class _Zeros(io.RawIOBase):
+    """`reads` reads of 64 KiB of zeros, counted; the second sets `waiting`, waits for `gate`, then
+    calls `on_gate`."""
+
+    def __init__(self, reads: int, gate: threading.Event, on_gate=lambda: None):
+        super().__init__()
+        self.count, self._reads, self._gate, self._on_gate = 0, reads, gate, on_gate
+        self.waiting = threading.Event()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        self.count += 1
+        if self.count == 2:
+            self.waiting.set()
+            self._gate.wait()
+            self._on_gate()
+        return bytes(65536) if self.count <= self._reads else b""
+
+
+def _begun_from(path, source) -> CoreWriter:
+    writer = CoreWriter()
+    writer.add_resource("weights", ResourceKind.WEIGHTS, source)
+    writer.begin(path)
+    return writer
+
+
+def test_an_aborted_begun_write_stops_storing_at_its_next_read(tmp_path):
+    """Ctrl-C while programs were captured waited, in `abort`, for every weight to be compressed and
+    written (tens of seconds for a large model) before the temporary core was removed."""
+    gate = threading.Event()
+    source = _Zeros(4096, gate)
+    writer = _begun_from(tmp_path / "m.core", source)
+    source.waiting.wait()
+    gate.set()
+    writer.abort()
+    assert source.count < 4096 and list(tmp_path.iterdir()) == []
+
+
+def test_an_abort_interrupted_while_it_waits_still_removes_the_temporary_core(tmp_path):
+    """A second Ctrl-C while `abort` waited for the storing thread left the temporary core behind
+    (as large as the weights), which that thread went on writing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    gate, writer = threading.Event(), None
+
+    def interrupt_the_wait():
+        while writer.stored_early is not None:  # until `abort` dropped the begun write and waits
+            time.sleep(0.001)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    source = _Zeros(64, gate, interrupt_the_wait)
+    try:
+        writer = _begun_from(tmp_path / "m.core", source)
+        source.waiting.wait()
+        gate.set()
+        with pytest.raises(KeyboardInterrupt):
+            writer.abort()
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from helios.core.locations import encode_locations
 from helios.core.payload_encode import encode_payload, store_resource
 from helios.core.records import CoreFormat, Publisher, ResourceEntry, ResourceInfo, ResourceKind
 from helios.core.references import check_manifest_references
-from helios.core.segments import Segments
+from helios.core.segments import SLICE_NBYTES, Segments
 
 Source = Union[bytes, bytearray, memoryview, BinaryIO, os.PathLike, str, Segments]
 
@@ -57,6 +58,49 @@ class _EarlyStore:
     pool: ThreadPoolExecutor
     count: int
     future: Future
+    stop: threading.Event  # set by `abort`: the storing thread stops at its next read of a source
+
+
+class _Stopped(Exception):
+    """The background storing of a begun write, stopped by `abort`."""
+
+
+@dataclass(frozen=True)
+class _StoppableSegments(Segments):
+    """`Segments` whose slices end with `_Stopped` once `stop` is set."""
+
+    stop: threading.Event
+
+    def slices(self, slice_nbytes: int = SLICE_NBYTES):
+        for piece in super().slices(slice_nbytes):
+            _check_stop(self.stop)
+            yield piece
+
+
+class _StoppableReader(io.RawIOBase):
+    """A source stream whose reads end with `_Stopped` once `stop` is set. Does not own `stream`."""
+
+    def __init__(self, stream: BinaryIO, stop: threading.Event):
+        super().__init__()
+        self._stream = stream
+        self._stop = stop
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        _check_stop(self._stop)
+        return self._stream.read(size)
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _check_stop(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise _Stopped("the begun write was aborted")
 
 
 @dataclass(frozen=True)
@@ -180,8 +224,9 @@ class CoreWriter:
         container = ContainerWriter(path, split_nbytes=split_nbytes)
         pending = list(self._resources)
         pool = ThreadPoolExecutor(1, thread_name_prefix="helios-store")
+        stop = threading.Event()
         self._early = _EarlyStore(Path(path), split_nbytes, container, pool, len(pending),
-                                  pool.submit(self._store_early, container, pending))
+                                  pool.submit(self._store_early, container, pending, stop), stop)
 
     @property
     def stored_early(self) -> Future | None:
@@ -190,18 +235,25 @@ class CoreWriter:
         and stop at once instead of learning it from `write`."""
         return self._early.future if self._early is not None else None
 
-    def _store_early(self, container: ContainerWriter, pending: list[_PendingResource]) -> list[ResourceEntry]:
-        entries = [self._store(container, resource) for resource in pending]
+    def _store_early(self, container: ContainerWriter, pending: list[_PendingResource],
+                     stop: threading.Event) -> list[ResourceEntry]:
+        entries = [self._store(container, resource, stop=stop) for resource in pending]
         container.sync_data()  # what the final commit would otherwise flush all at once
         return entries
 
     def abort(self) -> None:
-        """Drops a begun core (its temporary files); a no-op when `begin` was not called."""
+        """Drops a begun core (its temporary files); a no-op when `begin` was not called. The
+        storing thread stops at its next read of a source (a Ctrl-C during capture waited for every
+        weight to be compressed and written first), and the temporary files go even when the wait
+        for it is interrupted (a second Ctrl-C left a file as large as the weights)."""
         early, self._early = self._early, None
         if early is not None:
-            early.future.cancel()
-            early.pool.shutdown(wait=True)
-            early.container.abort()
+            early.stop.set()
+            try:
+                early.future.cancel()
+                early.pool.shutdown(wait=True)
+            finally:
+                early.container.abort()
 
     def write(self, path: os.PathLike | str, *, split_nbytes: int | None = None) -> WrittenCore:
         """Writes the core atomically: one file, or with `split_nbytes` a core file plus parts
@@ -226,6 +278,9 @@ class CoreWriter:
                 if early is not None:
                     try:
                         entries = early.future.result()
+                    except BaseException:
+                        early.stop.set()  # interrupted while waiting: nothing more is stored
+                        raise
                     finally:
                         early.pool.shutdown(wait=True)
                 entries += [self._store(container, pending, ahead.get(index))
@@ -256,7 +311,9 @@ class CoreWriter:
                                rank=pending.rank, aes_key=None, nonce_prefix=b"")
         return entry, frame.getvalue()
 
-    def _store(self, container: ContainerWriter, pending: _PendingResource, ahead=None) -> ResourceEntry:
+    def _store(self, container: ContainerWriter, pending: _PendingResource, ahead=None,
+               stop: threading.Event | None = None) -> ResourceEntry:
+        """Stores one resource; with `stop` (a begun write's), its source's reads end once it is set."""
         if ahead is not None:  # compressed on the pool: only its stored bytes are written here
             entry, frame = ahead.result()
             container.begin_resource().write(frame)
@@ -264,10 +321,11 @@ class CoreWriter:
             return entry
         stream, size, owned = _open_source(pending.source)
         try:
+            source = stream if stop is None else _stoppable(stream, stop)
             sink = container.begin_resource()
             nonce = self._nonce_prefix_for(pending.resource_id) if self._format.is_sealed else b""
             entry = store_resource(
-                stream, sink, size=size, resource_id=pending.resource_id, kind=pending.kind,
+                source, sink, size=size, resource_id=pending.resource_id, kind=pending.kind,
                 rank=pending.rank, aes_key=self._aes_key, nonce_prefix=nonce,
             )
             container.end_resource(pending.resource_id)
@@ -276,3 +334,9 @@ class CoreWriter:
             if owned:
                 stream.close()
 
+
+def _stoppable(source: BinaryIO | Segments, stop: threading.Event) -> BinaryIO | Segments:
+    """`source` read through a check of `stop` (before each slice of `Segments`, each read of a stream)."""
+    if isinstance(source, Segments):
+        return _StoppableSegments(source.buffers, stop)
+    return _StoppableReader(source, stop)
