@@ -186,3 +186,31 @@ def test_eager_programs_match_the_reference_with_experts(built):
     with torch.no_grad():
         expected = model(torch.tensor([PROMPT])).logits[0, -1]
     torch.testing.assert_close(eager_prefill_logits(recipe, PROMPT), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_every_layer_sparse_leaves_no_dense_width_to_cut(tmp_path):
+    """first_k_dense_replace 0: no layer holds the dense MLP, so the config's intermediate_size (odd here)
+    sizes nothing, and tensor parallelism does not refuse it."""
+    family = Family("deepseek_all_sparse", DEEPSEEK.config_class,
+                    DEEPSEEK.overrides + (("first_k_dense_replace", 0), ("intermediate_size", 97)))
+    model = random_model(family)
+    recipe = load_checkpoint(write_checkpoint(model, tmp_path))
+    arch = recipe.architecture
+    assert arch.moe.sparse_layers == (0, 1, 2, 3) and arch.intermediate_size == 0
+    shard = rank_architecture(arch, 2)
+    assert (shard.num_heads, shard.moe.expert_intermediate_size) == (2, 16)
+    assert [w.name for w in rank_weights(recipe, 2, 1)] == [slot.name for slot in weight_layout(shard)]
+    with torch.no_grad():
+        expected = model(torch.tensor([PROMPT])).logits[0, -1]
+    torch.testing.assert_close(eager_prefill_logits(recipe, PROMPT), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_an_unused_dense_width_is_not_cut_but_a_used_one_is(built):
+    """The sharding check reads intermediate_size only where some layer holds the dense MLP (a recipe that
+    keeps the config's width beside sparse layers everywhere is not refused for it)."""
+    arch = built[DEEPSEEK.name][1].architecture
+    every_sparse = dataclasses.replace(arch, intermediate_size=97,
+                                       moe=dataclasses.replace(arch.moe, sparse_layers=(0, 1, 2, 3)))
+    assert not every_sparse.has_dense_mlp and rank_architecture(every_sparse, 2).intermediate_size == 0
+    with pytest.raises(CheckpointError, match="intermediate_size"):
+        rank_architecture(dataclasses.replace(arch, intermediate_size=97), 2)

@@ -507,6 +507,12 @@ class Architecture:
         return self.moe is not None and layer in self.moe.sparse_layers
 
     @property
+    def has_dense_mlp(self) -> bool:
+        """Whether some layer holds the dense MLP of ``intermediate_size`` (neither sparse nor MLP-free):
+        where none does, that width sizes no weight."""
+        return any(not self.is_sparse(layer) and layer not in self.mlp_free_layers for layer in range(self.num_layers))
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
 

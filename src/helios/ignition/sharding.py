@@ -74,8 +74,9 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
     if ranks == 1:
         return arch
     extents = {"attention heads (num_attention_heads)": arch.num_heads,
-               "key/value heads (num_key_value_heads)": arch.num_kv_heads,
-               "MLP width (intermediate_size)": arch.intermediate_size}
+               "key/value heads (num_key_value_heads)": arch.num_kv_heads}
+    if arch.has_dense_mlp:  # a config's intermediate_size that no layer uses (every one sparse) cuts nothing
+        extents["MLP width (intermediate_size)"] = arch.intermediate_size
     recurrent = arch.recurrent
     if isinstance(recurrent, KimiDeltaGeometry) or (recurrent is not None and arch.latent is not None):
         raise CheckpointError("tensor parallelism: Kimi Delta Attention layers and latent attention beside recurrent "
@@ -112,7 +113,8 @@ def rank_architecture(arch: Architecture, ranks: int) -> Architecture:
                                         norm_ranks=1 if split else ranks)
     return dataclasses.replace(
         arch, num_heads=arch.num_heads // ranks, num_kv_heads=arch.num_kv_heads // ranks,
-        intermediate_size=arch.intermediate_size // ranks, tensor_parallel=ranks, moe=moe, recurrent=recurrent,
+        intermediate_size=arch.intermediate_size // ranks if arch.has_dense_mlp else 0, tensor_parallel=ranks,
+        moe=moe, recurrent=recurrent,
     )
 
 

@@ -102,9 +102,10 @@ def latent_architecture(source: str, config: Mapping[str, Any], tensors: Checkpo
         scale=softmax_scale(params, int(config["qk_nope_head_dim"]) + rope_dim),
         q_lora_rank=int(config.get("q_lora_rank") or 0), rope_attention_factor=attention_factor,
     )
+    dense = moe is None or len(moe.sparse_layers) < num_layers  # else intermediate_size sizes no layer (0)
     return Architecture(
         vocab_size=int(config["vocab_size"]), hidden_size=int(config["hidden_size"]),
-        intermediate_size=int(config["intermediate_size"]), num_layers=num_layers, num_heads=num_heads,
+        intermediate_size=int(config["intermediate_size"]) if dense else 0, num_layers=num_layers, num_heads=num_heads,
         num_kv_heads=num_heads, head_dim=rope_dim, rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         layer_windows=(0,) * num_layers, tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         dtype=dtype or _checkpoint_dtype(config, tensors), latent=latent, moe=moe,
