@@ -64,6 +64,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
 def architecture_from_config(source: str, config: Mapping[str, Any], tensors: CheckpointTensors,
                              dtype: str | None) -> Architecture:
     _check_activation(source, config)
+    llama.check_declared_biases(source, config, tensors)  # gemma_fields reads the biases the tensors hold
     if config.get("use_bidirectional_attention"):
         raise UnsupportedCheckpoint("use_bidirectional_attention is not supported (the programs attend causally)")
     num_layers = int(config["num_hidden_layers"])

@@ -53,6 +53,7 @@ ACTIVATION = "gelu_pytorch_tanh"
 
 
 def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dtype: str | None) -> Recipe:
+    llama.check_declared_biases(source, config, tensors)  # gemma_fields reads the biases the tensors hold
     arch = architecture_from_config(config, tensors, dtype)
     full, local = rope_tables(config, arch.head_dim)
     weights, used = llama.prepared_weights(arch, config, tensors, _layer_weights, full, transform=_folded_norm)

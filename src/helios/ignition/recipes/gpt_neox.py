@@ -89,6 +89,7 @@ def architecture(source: str, config: Mapping[str, Any], rope: Mapping[str, Any]
     if hidden % heads:
         raise UnsupportedCheckpoint(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads "
                                     f"{heads}")
+    llama.check_declared_biases(source, config, tensors, _ROOT + "layers.0.")  # qkv_bias / o_bias: the tensors'
     parallel = bool(config.get("use_parallel_residual", True))
     num_layers = int(config["num_hidden_layers"])
     return Architecture(

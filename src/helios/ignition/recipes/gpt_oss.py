@@ -28,8 +28,9 @@ import torch
 from helios.ignition.architecture import Architecture, MixtureOfExperts
 from helios.ignition.recipes.base import NamedWeight, Recipe, UnsupportedCheckpoint
 from helios.ignition.recipes.checkpoint import CheckpointTensors
-from helios.ignition.recipes.llama import (_checkpoint_dtype, attention_block_weights, checked_rope, layer_windows,
-                                           rope_settings, rotary_fraction, with_original_context)
+from helios.ignition.recipes.llama import (_checkpoint_dtype, attention_block_weights, check_declared_biases,
+                                           checked_rope, layer_windows, rope_settings, rotary_fraction,
+                                           with_original_context)
 from helios.ignition.recipes.yarn import yarn_inv_freq
 
 ARCHITECTURES = ("GptOssForCausalLM",)
@@ -48,6 +49,7 @@ def build(source: str, config: Mapping[str, Any], tensors: CheckpointTensors, dt
 
 def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: str | None,
                              attention_factor: float) -> Architecture:
+    check_declared_biases(source, config, tensors)  # the q/k/v and o biases: those the tensors hold
     num_heads, num_layers = int(config["num_attention_heads"]), int(config["num_hidden_layers"])
     layer_types = config.get("layer_types") or [
         "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]  # the config's default

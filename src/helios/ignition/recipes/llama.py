@@ -44,6 +44,46 @@ _NO_WINDOW = ("LlamaForCausalLM", "SeedOssForCausalLM", "Ernie4_5ForCausalLM", "
 _EVERY_LAYER_WINDOW = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 _WINDOW_SWITCHED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")  # use_sliding_window
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Whether the reference's q/k/v, o and dense-MLP projections have biases, by layer 0's tensor: a
+# config.json switch (read with the config class's default) or a constant. transformers builds the modules
+# by these alone and drops bias tensors it has no module for, so a checkpoint holding one is refused
+# (`check_declared_biases`), not served with it. Families not listed (other tensor names, their own
+# checks) are not checked here.
+_Q, _O, _GATE, _UP = "self_attn.q_proj.bias", "self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias"
+_ATTENTION_BIAS = ("attention_bias", False)
+_NO_BIASES = {_Q: False, _O: False, _GATE: False, _UP: False}
+_ATTENTION_BIASES = {_Q: _ATTENTION_BIAS, _O: _ATTENTION_BIAS, _GATE: False, _UP: False}
+_ALL_BIASES = {_Q: _ATTENTION_BIAS, _O: _ATTENTION_BIAS, _GATE: ("mlp_bias", False), _UP: ("mlp_bias", False)}
+_BIAS_SWITCHES: dict[str, dict[str, tuple[str, bool] | bool]] = {
+    **dict.fromkeys(("LlamaForCausalLM", "GraniteForCausalLM", "GraniteSWAForCausalLM", "SmolLM3ForCausalLM"),
+                    _ALL_BIASES),
+    **dict.fromkeys(("ArceeForCausalLM", "NemotronForCausalLM"), {_Q: _ATTENTION_BIAS, _O: _ATTENTION_BIAS,
+                                                                 _UP: ("mlp_bias", False)}),  # no gate_proj
+    **dict.fromkeys(("MistralForCausalLM", "MixtralForCausalLM", "MinistralForCausalLM", "Ministral3ForCausalLM",
+                     "MiniMaxM2ForCausalLM", "Exaone4ForCausalLM", "ExaoneMoeForCausalLM"), _NO_BIASES),
+    **dict.fromkeys(("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM",
+                     "OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM",
+                     "FlexOlmoForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "VaultGemmaForCausalLM",
+                     "Gemma3ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM", "AfmoeForCausalLM",
+                     "ApertusForCausalLM",
+                     "Dots1ForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
+                     "GraniteMoeSWAForCausalLM", "NanoChatForCausalLM"), _ATTENTION_BIASES),
+    "Qwen2ForCausalLM": {**_NO_BIASES, _Q: True},
+    "SeedOssForCausalLM": {_Q: ("attention_bias", True), _O: ("attention_out_bias", False), _GATE: ("mlp_bias", False)},
+    **dict.fromkeys(("Glm4MoeForCausalLM", "SolarOpenForCausalLM"), {**_NO_BIASES, _Q: _ATTENTION_BIAS}),
+    **dict.fromkeys(("Glm4ForCausalLM", "GlmForCausalLM"), {**_NO_BIASES, _Q: ("attention_bias", True)}),
+    "HeliumForCausalLM": {**_ALL_BIASES, _O: False},
+    "CwmForCausalLM": {**_ALL_BIASES, _Q: False, _O: False},
+    "Jais2ForCausalLM": {_Q: ("attention_bias", True), _O: ("attention_bias", True), _UP: ("mlp_bias", True)},
+    "Ernie4_5ForCausalLM": {_Q: ("use_bias", False), _O: ("use_bias", False), _GATE: ("use_bias", False)},
+    "Ernie4_5_MoeForCausalLM": {_Q: ("use_bias", False), _O: ("use_bias", False)},  # layer 0 may be sparse
+    "StableLmForCausalLM": {**_NO_BIASES, _Q: ("use_qkv_bias", False)},
+    **dict.fromkeys(("PhimoeForCausalLM", "Llama4ForCausalLM"), {_Q: _ATTENTION_BIAS, _O: _ATTENTION_BIAS}),
+    "GptOssForCausalLM": {_Q: ("attention_bias", True), _O: ("attention_bias", True)},
+    "Starcoder2ForCausalLM": {_Q: ("use_bias", True), _O: ("use_bias", True), "mlp.c_fc.bias": ("use_bias", True)},
+    "GPTNeoXForCausalLM": {"attention.query_key_value.bias": ("attention_bias", True),
+                           "attention.dense.bias": ("attention_bias", True)},
+}
 _DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
@@ -71,6 +111,7 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
     num_heads = int(config["num_attention_heads"])
     num_layers = int(config["num_hidden_layers"])
     prefix = "model.layers.0."
+    check_declared_biases(source, config, tensors)
     return Architecture(
         vocab_size=int(config["vocab_size"]),
         hidden_size=int(config["hidden_size"]),
@@ -89,6 +130,19 @@ def architecture_from_config(source, config, tensors: CheckpointTensors, dtype: 
         dtype=dtype or _checkpoint_dtype(config, tensors),
         rotary_factor=rope_attention_factor(config),
     )
+
+
+def check_declared_biases(source: str, config: Mapping[str, Any], tensors: CheckpointTensors,
+                          layer: str = "model.layers.0.") -> None:
+    """An UnsupportedCheckpoint naming the setting where the checkpoint holds a q/k/v, o or MLP bias that
+    the `source` reference has no module for: it drops the tensor, and the biases are otherwise read from
+    the tensors held (`architecture_from_config`). (A bias it builds but the checkpoint lacks it fills with
+    zeros, which is no bias: served as it is.) `layer` is the first layer's tensor prefix."""
+    for suffix, switch in _BIAS_SWITCHES.get(source, {}).items():
+        if layer + suffix in tensors and not (switch if isinstance(switch, bool) else config.get(*switch)):
+            setting = f"{source} has no {suffix}" if isinstance(switch, bool) else f"config.json: {switch[0]} false"
+            raise UnsupportedCheckpoint(f"{setting}, but the checkpoint holds {suffix} tensors (the reference drops "
+                                        f"them)")
 
 
 def layer_windows(source: str, config: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
