@@ -97,6 +97,13 @@ class AdmissionRejected(HeliosError):
     http_status = 503
 
 
+class WorkerNotServing(HeliosError):
+    """The model worker is alive but serves nothing now (unresponsive or stalled, as `/health`
+    says): a new request would wait with no bound. HTTP 503; retry later or on another instance."""
+
+    http_status = 503
+
+
 class ExecutionError(HeliosError):
     """Model execution, device or output failure. HTTP 500."""
 

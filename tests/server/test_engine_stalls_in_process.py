@@ -123,5 +123,6 @@ def test_a_request_arriving_while_the_worker_is_stalled_is_refused_503_until_it_
 
     refused, pending, after = asyncio.run(scenario())
     assert refused.status_code == 503
-    assert "model worker is stalled" in refused.json()["error"]["message"]
+    error = refused.json()["error"]
+    assert "model worker is stalled" in error["message"] and error["type"] == "service_unavailable"
     assert pending.status_code == 200 and after.status_code == 200

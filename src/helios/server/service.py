@@ -51,7 +51,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 from tokenizers import Tokenizer
 
-from helios.errors import RequestError, ShuttingDown
+from helios.errors import RequestError, ShuttingDown, WorkerNotServing
 from helios.frontend.decoding.observation import ObservationClock
 from helios.frontend.output_workers import OutputWorkers
 from helios.frontend.images.decode import ImageLimits
@@ -310,8 +310,8 @@ class ServedModel:
             raise WorkerUnavailable(WORKER_UNAVAILABLE)
         problem = self.liveness_problem()
         if problem is not None:  # a request taken now would wait with no bound (a SIGSTOPped engine process)
-            raise WorkerUnavailable(f"the model worker is {problem[0]}: {problem[1]}; this server takes no new "
-                                    "requests until it serves again (retry later or on another instance)")
+            raise WorkerNotServing(f"the model worker is {problem[0]}: {problem[1]}; this server takes no new "
+                                   "requests until it serves again (retry later or on another instance)")
 
     def _loop_outbox(self) -> LoopOutbox:
         """The outbox of the running event loop (one per loop; the server runs one loop)."""

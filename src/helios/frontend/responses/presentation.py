@@ -44,7 +44,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 
-from helios.errors import AdmissionRejected, ExecutionError, HeliosError, OverloadedError, RequestError, ShuttingDown
+from helios.errors import (AdmissionRejected, ExecutionError, HeliosError, OverloadedError, RequestError, ShuttingDown,
+                           WorkerNotServing)
 from helios.frontend.decoding.events import ContentDelta, Event, ReasoningDelta, ToolCallArguments, ToolCallStart
 from helios.frontend.decoding.logprobs import (
     LogprobEntry, PromptRequest, TextOffsets, chat_logprobs, prompt_logprobs_body, text_logprobs,
@@ -214,6 +215,8 @@ def error_type(error: BaseException) -> str:
         return "server_shutting_down"
     if isinstance(error, AdmissionRejected):
         return "admission_rejected"
+    if isinstance(error, WorkerNotServing):
+        return "service_unavailable"
     if isinstance(error, OverloadedError):
         return "overloaded"
     if isinstance(error, RequestError):
