@@ -13,12 +13,12 @@ ROOT = root_digest(b"m")
 PAGE, CONT, HOST, STATE = StorageKind.PAGE, StorageKind.CONTINUATION, StorageKind.HOST, StorageKind.STATE
 
 
-def store(rows=2, host=8, num_pages=8, stateful=False):
+def store(rows=2, host=8, num_pages=8, stateful=False, programs=False):
     regions = (HistoryRegion("kv", HistoryKind.PAGED_KV),)
     if stateful:
         regions += (HistoryRegion("ssm", HistoryKind.RECURRENT),)
     pool = PagePool(PageAllocator(num_pages), PrefixCache())
-    return pool, SnapshotStore(pool, StorageLayout(4, regions), rows, host)
+    return pool, SnapshotStore(pool, StorageLayout(4, regions, restores_through_programs=programs), rows, host)
 
 
 def chain_of(tokens):
@@ -177,7 +177,7 @@ def test_an_offloaded_state_tail_is_restored_through_a_continuation_row():
     """The state in an offloaded tail is the core's snapshot-row form (its SNAPSHOT program wrote
     it): it goes back into a continuation row, and the slot's state rows are restored from there
     (through the core's RESTORATION program), not from the host slot."""
-    pool, snapshots = store(rows=2, stateful=True)
+    pool, snapshots = store(rows=2, stateful=True, programs=True)
     _, (snapshot, _) = capture(snapshots, pool, list(range(10)))
     snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
     snapshots.offload(snapshot)
@@ -202,3 +202,42 @@ def test_an_offloaded_state_tail_is_restored_through_a_continuation_row():
     snapshots.settle(private[0].snapshot_id, FenceKind.CAPTURE, True)
     snapshots.hold(private[0])  # a private tail holds the slot's own rows: straight back
     assert snapshots.restore_copies(private[0], 0, [3, 4], 2)[-1] == CopyOp(private[0].tail, Location(STATE, 2), 0)
+
+
+def offloaded(snapshots, pool, tokens):
+    _, (snapshot, _) = capture(snapshots, pool, tokens)
+    snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
+    snapshots.offload(snapshot)
+    snapshots.settle(snapshot.snapshot_id, FenceKind.OFFLOAD, True)
+    return snapshot
+
+
+def test_an_offloaded_tail_waits_for_a_continuation_row_on_a_core_with_state_programs():
+    """While every continuation row is held (a capture still writing, restores in flight), an
+    offloaded snapshot of a core with state programs cannot be restored (`can_restore`: the cache
+    manager computes the prefix instead): its state would reach the slot raw, past the RESTORATION
+    program, as it did when the staging fell back to the host tail."""
+    pool, snapshots = store(rows=1, stateful=True, programs=True)
+    snapshot = offloaded(snapshots, pool, list(range(10)))
+    assert snapshots.can_restore(snapshot)
+    _, (writing, _) = capture(snapshots, pool, list(range(20, 23)))  # takes the one row, still writing
+    assert writing.tail == Location(CONT, 0) and not snapshots.can_restore(snapshot)
+    snapshots.settle(writing.snapshot_id, FenceKind.CAPTURE, True)
+    assert snapshots.can_restore(snapshot)  # an idle published device snapshot is evicted for it
+    snapshots.hold(snapshot)
+    copies = snapshots.restore_copies(snapshot, 0, [5, 6, 7], 1)
+    assert copies[2] == CopyOp(Location(HOST, 2), Location(CONT, 0), 2) and snapshots.num_evicted == 1
+
+
+def test_an_offloaded_tail_of_a_core_without_state_programs_goes_straight_back():
+    """Without state programs a continuation row holds the slot's state rows raw: no staging row
+    (an extra copy, and an idle device snapshot evicted for it), and no wait for one."""
+    pool, snapshots = store(rows=1, stateful=True)
+    snapshot = offloaded(snapshots, pool, list(range(10)))
+    _, (kept, _) = capture(snapshots, pool, list(range(20, 23)))
+    snapshots.settle(kept.snapshot_id, FenceKind.CAPTURE, True)
+    assert snapshots.can_restore(snapshot)
+    snapshots.hold(snapshot)
+    copies = snapshots.restore_copies(snapshot, 0, [5, 6, 7], 1)
+    assert copies[2:] == [CopyOp(Location(HOST, 2), Location(PAGE, 7), 2), CopyOp(Location(HOST, 2), Location(STATE, 1), 0)]
+    assert snapshots.num_evicted == 0 and snapshots.get(kept.snapshot_id) is kept

@@ -166,7 +166,8 @@ class CacheManager:
             num_hits, window_first, window_shared = self.window.reusable(req.chain, len(hits))
             hits = hits[:num_hits]
         snapshot = self._restore_source(req, reuse)
-        if snapshot is not None and snapshot.endpoint <= len(hits) * page_tokens:
+        if snapshot is not None and (snapshot.endpoint <= len(hits) * page_tokens
+                                     or not self.snapshots.can_restore(snapshot)):
             snapshot = None
         if req.snapshot_id and (snapshot is None or snapshot.snapshot_id != req.snapshot_id):
             self.snapshots.discard(req.snapshot_id)

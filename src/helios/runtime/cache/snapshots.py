@@ -6,14 +6,16 @@ carried state, in a continuation row (device) or a host slot. Complete pages are
 shared by reference; restoring copies the tail into a private writable page (and the slot's
 state rows), and host-resident pages into freshly allocated private pages.
 
-A tail that carries state was written into its continuation row by the core (a SNAPSHOT program
-writes snapshot rows in whatever form its RESTORATION program reads back: the runtime does not
-know it). Offloading such a tail copies those bytes to a host slot as they are, so its restore
-copies them into a continuation row first and restores the slot's state rows from there (through
-the core's RESTORATION program, like a device snapshot's), not from the host slot directly; that
-row is held until the snapshot's restores in flight settle. Only when no continuation row can be
-had does the state come straight from the host slot. A private snapshot's host tail was copied
-from the slot's state rows directly, so it goes straight back.
+On a core with state programs (`StorageLayout.restores_through_programs`), a tail that carries
+state was written into its continuation row by the core (a SNAPSHOT program writes snapshot rows in
+whatever form its RESTORATION program reads back: the runtime does not know it). Offloading such a
+tail copies those bytes to a host slot as they are, so its restore copies them into a continuation
+row first and restores the slot's state rows from there (through the core's RESTORATION program,
+like a device snapshot's), not from the host slot directly; that row is held until the snapshot's
+restores in flight settle. While no continuation row can be had (`can_restore`), such a snapshot
+is not restored (the request computes its prefix instead). A private snapshot's host tail was
+copied from the slot's state rows directly, and a core without state programs keeps raw state
+rows in both, so they go straight back.
 
 Byte copies are requested as `CopyOp`s that travel in a plan; the scheduler reports each plan's
 outcome through `settle`. A snapshot being written (capture or offload) is unusable until its
@@ -297,7 +299,7 @@ class SnapshotStore:
                 copies.append(CopyOp(Location(StorageKind.HOST, slot), _page(page), page_tokens))
         partial = snapshot.endpoint % page_tokens
         tail = snapshot.tail
-        if snapshot.offloaded and not self._layout.pages_capture_state:
+        if self._stages(snapshot):
             tail = self._staging_row(snapshot)
             if tail != snapshot.tail:
                 copies.append(CopyOp(snapshot.tail, tail, partial))
@@ -311,10 +313,21 @@ class SnapshotStore:
             self._lru.move_to_end(snapshot.snapshot_id)
         return copies
 
+    def _stages(self, snapshot: Snapshot) -> bool:
+        """Whether restoring `snapshot` copies its tail into a continuation row first (module docstring)."""
+        return snapshot.offloaded and self._layout.restores_through_programs and not self._layout.pages_capture_state
+
+    def can_restore(self, snapshot: Snapshot) -> bool:
+        """Whether `restore_copies` can restore `snapshot` now: one that stages its tail needs a
+        continuation row free, or one an idle device snapshot holds (evicted for it)."""
+        if not self._stages(snapshot) or self._rows.num_free:
+            return True
+        return any(s.residence == Residence.DEVICE and not s.is_busy for s in map(self._snapshots.get, self._lru))
+
     def _staging_row(self, snapshot: Snapshot) -> Location:
         """A continuation row to copy an offloaded tail back into for one restore (held until its
         restores settle), evicting an idle device snapshot for it if need be; the host tail itself
-        when every row is busy."""
+        when every row is busy (never, after `can_restore`)."""
         rows = self._take(self._rows, 1, Residence.DEVICE)
         if rows is None:
             return snapshot.tail

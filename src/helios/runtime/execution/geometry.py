@@ -38,7 +38,8 @@ def storage_layout(model: LoadedModel) -> StorageLayout:
         HistoryRegion(r.name, _KINDS[r.kind], max(1, r.tokens_per_record), r.window_tokens) for r in cache.regions
     )
     views = tuple(PageTableView(v.destination, v.page_offset, v.region) for v in cache.page_table_views)
-    return StorageLayout(cache.page_tokens, regions, views, window_region_name(model.prepared))
+    return StorageLayout(cache.page_tokens, regions, views, window_region_name(model.prepared),
+                         restores_through_programs=bool(model.state_copy_programs))
 
 
 _LENGTH_SOURCES = {

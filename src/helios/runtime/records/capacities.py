@@ -119,12 +119,16 @@ class StorageLayout:
     are sized by their own page count (WINDOW_PAGES) owns a second page-id space, with a table per
     request of its own (same logical pages) whose pages are released as they fall out of its window
     (`helios.runtime.cache.window_pages`). "" when every paged region shares the one space.
+    `restores_through_programs`: the core copies slot state to and from snapshot rows with its own
+    SNAPSHOT and RESTORATION programs, so a snapshot row holds state in the core's form, which only
+    its RESTORATION program reads back (`helios.runtime.cache.snapshots`).
     """
 
     page_tokens: int
     regions: tuple[HistoryRegion, ...] = (HistoryRegion("kv", HistoryKind.PAGED_KV),)
     views: tuple[PageTableView, ...] = (PageTableView("kv"),)
     window_region: str = ""
+    restores_through_programs: bool = False
 
     def __post_init__(self) -> None:
         if self.window_region:
