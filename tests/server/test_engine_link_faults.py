@@ -320,3 +320,25 @@ def test_the_engine_process_never_sends_gauges_older_than_those_it_sent_before(p
             received.append(stats_of(message.stats).generated_tokens)
     engine_side.join(10.0)
     assert received == sorted(received) and received[-1] == 1, received
+
+
+def test_an_admission_that_fails_to_pickle_leaves_no_outstanding_id(pipe, monkeypatch):
+    """Before: the id stayed tracked after the Admit raised while pickling (nothing written), so the
+    response ended ERROR and then again CANCELLED at shutdown, and the id was refused ever after."""
+    ours, theirs = pipe
+    batches: list[StepBatch] = []
+    link = started_link(ours, batches.append)
+    connection_send = ours.send
+
+    def send(message):
+        if isinstance(message, Admit) and message.spec.request_id == "bad":
+            raise TypeError("cannot pickle 'generator' object")
+        connection_send(message)
+
+    monkeypatch.setattr(ours, "send", send)
+    with pytest.raises(TypeError):
+        link.submit(EngineRequest(RequestSpec("bad", (5, 6, 7), 8)))
+    assert link._outstanding == {}
+    theirs.send(Shutdown())
+    link.shutdown(timeout=5.0)
+    assert finishes(batches) == []

@@ -227,8 +227,13 @@ class EngineLink:
                 if spec.request_id in self._outstanding:
                     raise DuplicateRequestId(f"request {spec.request_id}: a request of this id is still running")
                 self._outstanding[spec.request_id] = len(spec.prompt_ids)
-        if not is_closed and self._send(Admit(spec, source)):
-            return
+        try:
+            if not is_closed and self._send(Admit(spec, source)):
+                return
+        except BaseException:  # the Admit did not pickle (nothing was written): the request is not outstanding
+            with self._state_lock:
+                self._outstanding.pop(spec.request_id, None)
+            raise
         if not is_closed:
             with self._state_lock:
                 # The reader may have ended it already (the pipe broke while this was sent, and the
