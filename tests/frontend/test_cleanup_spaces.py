@@ -320,3 +320,32 @@ def test_an_echoed_id_prompt_is_cleaned_as_the_output_is(word_level, declared):
         _, final = run_output(prepared, tokenizer.encode("I").ids)
         text = prepared.response_body(final)["choices"][0]["text"]
         assert text.startswith(echoed) and text[len(echoed):] in ("I", " I")
+
+
+def test_an_echoed_id_prompt_keeps_each_tokens_part_of_the_cleaned_text(word_level):
+    """``echo`` with ``logprobs`` of an id prompt on a cleaning core: each prompt token's part of the
+    echoed (cleaned) text is its own text cleaned in turn (a removed space shows nowhere), and the
+    parts join to the echo. Before, aligning the raw decode to the cleaned text gave every token
+    between the first and the last difference no text (all their offsets 5)."""
+    import dataclasses
+
+    from helios.runtime.records.events import FinishReason, PromptScoresEvent, TokenLogprobs
+    from helios.server.schemas import CompletionRequest
+
+    from support.echo_offsets import parts_of
+
+    tokenizer, reference = word_level
+    model = _served(tokenizer, {"clean_up_tokenization_spaces": True})
+    model._facts = dataclasses.replace(model._facts, token_logprobs=5, scores_prompts=True)
+    ids = tokenizer.encode(SENTENCE).ids
+    body = CompletionRequest.model_validate({"model": model.served_id, "prompt": ids, "echo": True, "logprobs": 1,
+                                             "max_tokens": 1})
+    prepared = model.prepare_completion(body, request_id="e", created=1)
+    output = prepared.new_output()
+    output.score_prompt(PromptScoresEvent("e", 1, tuple(TokenLogprobs(-1.0, ((t, -1.0),)) for t in ids[1:])))
+    output.feed(ids[0], None, TokenLogprobs(-0.5, ((ids[0], -0.5),)))
+    choice = prepared.response_body(output.finish(FinishReason.LENGTH))["choices"][0]
+    echo = reference.decode(ids)
+    parts = parts_of(choice["text"], choice["logprobs"]["text_offset"])[:len(ids)]
+    assert choice["text"].startswith(echo) and "".join(parts) == echo
+    assert parts[:8] == ["Hello", ",", " world", ".", " I", " do", "n't", " know"]

@@ -29,7 +29,7 @@ from helios.contract.settings import ResolvedSettings
 from helios.errors import ContractError, LoadError, RequestError
 from helios.frontend.preparation.client_fields import effective_template_kwargs, thinking_switch_of
 from helios.frontend.structured.contract_syntax import FrontendSyntax
-from helios.frontend.decoding.detokenize import IncrementalDetokenizer, clean_up_tokenization
+from helios.frontend.decoding.detokenize import IncrementalDetokenizer, clean_up_tokenization, cleaned_parts
 from helios.frontend.preparation.generation import (
     GenerationParams, is_seed_pinned, resolve_output_limit, resolve_sampling, scored_prompt_limit,
 )
@@ -402,6 +402,17 @@ class FrontendModel:
         text = self._tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
         return clean_up_tokenization(text) if self._facts.clean_up_spaces else text
 
+    def _echoed_token_texts(self, prompt_ids: tuple[int, ...], echo_text: str) -> tuple[str, ...]:
+        """Each prompt token's part of `echo_text` (`echoed_token_texts`). An echo cleaned up as
+        transformers' decodes (`_echo_text`) gets the raw decode's parts, each cleaned in turn
+        (`cleaned_parts`): aligning the raw parts to the cleaned text gave every token between
+        their first and last difference no text."""
+        if self._facts.clean_up_spaces:
+            raw = self._tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+            if raw != echo_text and clean_up_tokenization(raw) == echo_text:
+                return cleaned_parts(echoed_token_texts(self._tokenizer, prompt_ids, raw))
+        return echoed_token_texts(self._tokenizer, prompt_ids, echo_text)
+
     def _output_limit(self, requested: RequestedOutput, prompt_len: int) -> int:
         """`resolve_output_limit` for `requested`; its 400 names the field the body sent."""
         return resolve_output_limit(requested.tokens, self._settings.sampling.max_output_tokens,
@@ -438,7 +449,7 @@ class FrontendModel:
         created = int(time.time()) if created is None else created
         echo_token_texts = None
         if echo_text is not None and logprobs.prompt.echo_logprobs is not None:
-            echo_token_texts = echoed_token_texts(self._tokenizer, prompt_ids, echo_text)
+            echo_token_texts = self._echoed_token_texts(prompt_ids, echo_text)
         return ResponseHead(response_id, created, self.served_id, kind, response, prompt_ids, logprobs.prompt,
                             echo_text, echo_token_texts)
 

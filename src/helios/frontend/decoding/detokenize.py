@@ -84,6 +84,16 @@ def clean_up_tokenization(text: str) -> str:
     return text
 
 
+def cleaned_parts(parts: Sequence[str]) -> tuple[str, ...]:
+    """`parts` of a text, each cleaned as `SpaceCleanup` streams them (text it holds back goes to a
+    later part, the rest to the last): joined, they are `clean_up_tokenization` of the text."""
+    cleanup = SpaceCleanup()
+    cleaned = [cleanup.push(part) for part in parts]
+    if cleaned:
+        cleaned[-1] += cleanup.flush()
+    return tuple(cleaned)
+
+
 class SpaceCleanup:
     """Streams transformers' ``clean_up_tokenization``: the concatenation of `push` deltas and `flush`
     equals the cleanup of the concatenated input. The cleanup is a chain of ``str.replace`` calls, each
