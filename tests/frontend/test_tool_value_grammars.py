@@ -307,6 +307,11 @@ FREE_MIXED = [  # (parameter schema, {written: parsed}, refused: texts no value 
     ({"type": ["integer", "string", "null"]}, {"x y": "x y", "-2": -2, "null": None}, ["None"]),
     ({"type": ["boolean", "string", "array"]}, {"true": True, "tomorrow": "tomorrow", "[1]": [1], "3": "3"},
      ["True", "[x"]),
+    # a string literal the free text leaves out ("3.5", a number) keeps it writable, the free string then not
+    # (as before the free strings: `json | literal`, where Qwen Coder's lexer cannot write "3" beside "3.5")
+    ({"anyOf": [{"type": "integer"}, {"const": "3.5"}, {"type": "string"}]}, {"3.5": "3.5"}, ["3.25", "Paris"]),
+    ({"anyOf": [{"type": "integer"}, {"const": "auto"}, {"type": "string"}]},
+     {"auto": "auto", "Paris": "Paris", "3": 3}, ["3.5"]),
 ]
 
 

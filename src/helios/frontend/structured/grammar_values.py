@@ -34,7 +34,8 @@ the schema accepts:
   ``type: [integer, string]``, ``anyOf: [{type: integer}, {type: string}]``): text that does not read
   as one of the other kinds (for integers or numbers no JSON number at all, so ``3.5`` beside integers
   stays unwritten though the parser would read it as a string). Strings a mixed parameter bounds
-  (``maxLength``, ``pattern``, ``format`` ...) stay unwritten;
+  (``maxLength``, ``pattern``, ``format`` ...) stay unwritten, and so does the free string beside a
+  literal the free text leaves out (``const: "3.5"`` beside integers: the literal is written);
 - a syntax whose markup declares JSON (`ValueStyle.flag`: DSML ``string="false"``) writes JSON
   under the whole schema, and raw text under ``string="true"`` for plain string parameters;
 - XML-escaped syntaxes (XTML) write raw strings as escaped text, held to what it decodes to.
@@ -364,6 +365,16 @@ def _other_kinds(kinds: frozenset[ValueKind]) -> tuple[str, str]:
     return "|".join(alternatives), starts
 
 
+def _reads_as_other(literal: str, kinds: frozenset[ValueKind]) -> bool:
+    """Whether the free text of a mixed parameter (`ValueGrammar._read_as_string`) leaves `literal`
+    out: it reads, stripped, as the start of another kind's text (`_other_kinds`). Such a literal is
+    written beside the JSON value alone, the free string then not (three alternatives of one value
+    are lexemes llguidance's longest match cannot always tell apart: ``3`` was refused beside the
+    literal ``3.5`` and a free string)."""
+    alternatives, _ = _other_kinds(kinds)
+    return bool(alternatives) and re.fullmatch(f"(?:{alternatives})", literal.strip()) is not None
+
+
 def without_null_branches(schema: Any, document: SchemaDocument) -> Any:
     """``schema`` (its ``$ref`` followed) without the ``anyOf``/``oneOf`` alternatives that allow only
     null: the string part of a nullable string, whose bounds those alternatives would free."""
@@ -421,6 +432,8 @@ class ValueGrammar:
             schema = without_strings(schema, document)
             if schema is None:  # an enum's other values were left out here: they hold no non-string value
                 return ParameterValue("", self._string(RawString(literals) if literals else FREE))
+            if is_free and any(_reads_as_other(literal, kinds) for literal in literals):
+                is_free = False  # a literal the free text leaves out ("3.5" beside integers) stays writable
             if is_free or literals:
                 text = self._read_as_string(kinds) if is_free else self._string(RawString(literals))
                 return ParameterValue("", self._rules.rule("mixed", f"{self._json(schema, document)} | {text}"))
