@@ -206,8 +206,7 @@ def plan(rng: random.Random, index: int) -> Outcome:
     if draw < 0.21:
         body.pop("tools", None), body.pop("tool_choice", None)
         return Outcome(key, endpoint, {**body, "stop": FAILED_STOPS}, "failed")
-    if draw < 0.25:
-        body.pop("stop", None)  # its tokens count as they arrive
+    if draw < 0.25:  # with stops or not, it counts the output it was given
         return Outcome(key, endpoint, {**body, "user": BROKEN_USER}, "broken")
     if draw < 0.40:
         body["max_tokens"] = rng.choice([body["max_tokens"], 60])  # long enough to be cut, often

@@ -21,7 +21,8 @@ Counters (what the responses' usage says, so they equal the sum of usage over re
   first choice ends (finished or cancelled; not when rejected or failed);
 - ``helios_generated_tokens``: output tokens as usage counts them, counted as they arrive (a request
   with stops or hidden output at its end: tokens past a stop, or the token ``max_tokens: 0``
-  samples, are never counted).
+  samples, are never counted); a choice that failed after some output counts the output it was
+  given (its access line's count), with stops or without.
 
 Histograms (seconds unless said; label ``model_name``, the served id), one observation per request
 (not per choice):
@@ -56,6 +57,7 @@ _TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 
                           0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 _LENGTH_BUCKETS = tuple(float(2**i) for i in range(0, 21))
 _FAILED = (FinishReason.REJECTED, FinishReason.ERROR)
+_FAILED_NAMES = tuple(reason.name.lower() for reason in _FAILED)
 CANCELLED = FinishReason.CANCELLED.name.lower()  # a cut response's access-line reason, as the metrics name it
 _REASONS = (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED, FinishReason.ERROR,
             FinishReason.GRAMMAR_DEAD_END, FinishReason.GRAMMAR_LIMIT)
@@ -113,17 +115,19 @@ class RequestRecord:
 
     def logged_totals(self) -> tuple[int, int, str | None] | None:
         """(prompt tokens, output tokens, finish reason) as the access line writes them once the
-        response ended: `totals` and the first choice's reason. A choice submitted (`prompt_len`)
-        but not ended then was cut: the response ended first (its client went away, a send timed
-        out, shutdown dropped it) and its close cancelled the choice, whose end the engine confirms
-        later (the JSON path waits for it; a stream ends at once). It counts its prompt and the
-        output tokens that had arrived, and the reason is ``cancelled``. None when no choice was
-        submitted. Safe beside a choice's end arriving on its output worker (`_finish` writes its
-        prompt count last)."""
+        response ended: `totals` and the first choice's reason, or the first failed choice's (by
+        index) where one failed, as the response is that failure (its status, or a stream's error
+        event). A choice submitted (`prompt_len`) but not ended then was cut: the response ended
+        first (its client went away, a send timed out, shutdown dropped it, a sibling's failure
+        ended it) and its close cancelled the choice, whose end the engine confirms later (the JSON
+        path waits for it; a stream ends at once). It counts its prompt and the output tokens that
+        had arrived, and the reason is ``cancelled`` unless a choice failed. None when no choice
+        was submitted. Safe beside a choice's end arriving on its output worker (`_finish` writes
+        its prompt count last, after its reason)."""
         records = [r for r in (self, *self.choices) if r.num_prompt_tokens is not None or r.prompt_len is not None]
         if not records:
             return None
-        prompts, num_output_tokens, is_cut = {}, 0, False
+        prompts, num_output_tokens, is_cut, failure = {}, 0, False, None
         for r in records:
             num_prompt_tokens = r.num_prompt_tokens
             if num_prompt_tokens is None:  # cut: what it had when the response ended
@@ -133,7 +137,10 @@ class RequestRecord:
             else:
                 prompts[r.prompt_index] = num_prompt_tokens
                 num_output_tokens += r.num_output_tokens or 0
-        return sum(prompts.values()), num_output_tokens, CANCELLED if is_cut else self.finish_reason
+                if failure is None and r.finish_reason in _FAILED_NAMES:
+                    failure = r.finish_reason
+        reason = failure or (CANCELLED if is_cut else self.finish_reason)
+        return sum(prompts.values()), num_output_tokens, reason
 
 
 class LatencyHistograms:
@@ -222,7 +229,8 @@ def _finish(record: RequestRecord, event: FinishEvent, histograms: LatencyHistog
     is_failed = event.reason in _FAILED
     if event.reason is not FinishReason.REJECTED:
         histograms.finished.labels(record.finish_reason).inc()
-    if not is_failed and num_output_tokens > record._num_counted_tokens:
+    # a failure too: a choice with stops counts at its end what one without counted as it arrived
+    if num_output_tokens > record._num_counted_tokens:
         histograms.generated_tokens.inc(num_output_tokens - record._num_counted_tokens)
         record._num_counted_tokens = num_output_tokens
     with request._lock:
@@ -234,5 +242,5 @@ def _finish(record: RequestRecord, event: FinishEvent, histograms: LatencyHistog
         is_last = all(r.num_prompt_tokens is not None for r in records)
     if is_new_prompt:
         histograms.prompt_tokens.inc(event.num_prompt_tokens)
-    if is_last and all(r.finish_reason not in ("rejected", "error") for r in records):
+    if is_last and all(r.finish_reason not in _FAILED_NAMES for r in records):
         histograms.observe(request)
