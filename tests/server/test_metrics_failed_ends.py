@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 import httpx
@@ -23,7 +22,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
-from helios.server.app import create_app
 from helios.server.request_metrics import LatencyHistograms, RequestRecord, event_stamps
 from server.test_metrics_invariants import BROKEN_USER, breaking
 from support.server_core import SERVED_ID, served_tiny_core
