@@ -2,9 +2,10 @@
 
 `ContainerWriter` hands out a sink for each stored resource in turn, records where it went, and
 on `commit(body)` appends the CoreBody to the core file, writes the header last, fsyncs, and
-renames every temporary file into place (parts first, the core file last). Until then nothing
-exists under the final names; on error (`abort`, or leaving the `with` block by an exception)
-every temporary file is removed.
+renames every temporary file into place (parts first, the core file last; an interrupt waits until
+they are all renamed, and a rename that fails puts back the files the earlier ones replaced). Until
+then nothing exists under the final names; on error (`abort`, or leaving the `with` block by an
+exception) every temporary file is removed.
 
 A core written over another core removes, once it is in place, the parts named after it
 (``NAME.partNNN``) that the replaced core stored resources in and the new one does not name (a
@@ -14,9 +15,12 @@ keeps them (`keep`: the parts of the core it copies from, which another core may
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import secrets
+import signal
 import stat
 import tempfile
 from pathlib import Path
@@ -132,8 +136,8 @@ class ContainerWriter:
         for pending in (*self._parts, self._main):
             pending.finish()
         stale = _parts_named_by(self.path) - {p.final.name for p in self._parts} - self._keep
-        for pending in (*self._parts, self._main):
-            os.replace(pending.temp, pending.final)
+        with _signals_held():
+            _replace_all((*self._parts, self._main))
         for name in sorted(stale):
             try:
                 (self.path.parent / name).unlink()
@@ -156,6 +160,68 @@ class ContainerWriter:
     def __exit__(self, kind, error, traceback) -> None:
         if kind is not None:
             self.abort()
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT, SIGTERM and SIGHUP wait until the block ends (their handlers then run): an interrupt
+    raised between two renames would leave a core whose parts are new and whose core file is old."""
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    try:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, OSError, ValueError):  # no signal masks here: the rollback alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _replace_all(pending: tuple[_PendingFile, ...]) -> None:
+    """Renames every temporary file into place, parts first; a rename that fails puts back what the
+    earlier ones replaced (each file they replaced was kept under a hard link), so that an existing
+    core of that name is left whole, not read as its own core file over the new core's parts."""
+    placed: list[tuple[_PendingFile, Path | None]] = []
+    try:
+        for file in pending:
+            kept = _kept_copy(file.final)
+            placed.append((file, kept))
+            os.replace(file.temp, file.final)
+    except BaseException:
+        for file, kept in reversed(placed):
+            try:
+                if kept is not None:
+                    os.replace(kept, file.final)
+                elif not file.temp.exists():  # this one was renamed into place: nothing stood there before
+                    file.final.unlink(missing_ok=True)
+            except OSError:  # put back what can be; the error that stopped the commit is the one to report
+                pass
+        raise
+    finally:
+        for _, kept in placed:
+            if kept is not None:
+                kept.unlink(missing_ok=True)  # gone already where it was put back
+
+
+def _kept_copy(final: Path) -> Path | None:
+    """A hard link to the regular file at `final` under a temporary name beside it (None: nothing
+    there, or a file system without hard links, where a failed commit cannot put it back)."""
+    try:
+        if not stat.S_ISREG(os.lstat(final).st_mode):
+            return None
+    except OSError:
+        return None
+    for _ in range(8):
+        kept = final.with_name(f".{final.name}.{secrets.token_hex(8)}.kept")
+        try:
+            os.link(final, kept, follow_symlinks=False)
+            return kept
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+    return None
 
 
 def _check_replaceable(final: Path) -> None:
