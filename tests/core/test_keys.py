@@ -60,6 +60,17 @@ def test_malformed_public_keys(text):
         parse_public_key(text)
 
 
+def test_public_key_files_take_indented_comments_blank_lines_and_crlf():
+    """Before: only a `#` in the first column began a comment, so an indented comment (an edited
+    trust file) counted as a second key line: "expected exactly one key line"."""
+    key = SigningKey.generate().public
+    line = PublicKey(key.raw, frozenset({"acme/models"})).to_line().strip()
+    text = f"  # publisher key, rotated 2026-12\r\n\r\n\t{line}  \r\n   \r\n    # kept until 2027\r\n \t\n"
+    assert parse_public_key(text) == PublicKey(key.raw, frozenset({"acme/models"}))
+    with pytest.raises(KeyFileError, match="expected exactly one key line"):
+        parse_public_key(f"# two keys\n{line}\n  {line}\n")
+
+
 def test_malformed_private_key(tmp_path):
     path = tmp_path / "k"
     path.write_text("not a key")
@@ -122,3 +133,15 @@ def test_envelope_signature_order_is_canonical():
     assert [ok for _, ok in signature_reports(2, swapped)] == [True, False]
     assert [ok for _, ok in signature_reports(2, doubled)] == [True, False]
     assert [ok for _, ok in signature_reports(2, envelope)] == [True, True]
+
+
+def test_a_non_ascii_namespace_or_comment_round_trips_through_the_key_files(tmp_path):
+    """Before: `helios keygen --namespace acmé/models` (a namespace `check_namespace` and `prepare`
+    accept) failed with a UnicodeEncodeError traceback, and a .pub file with a UTF-8 comment could
+    not be read at all."""
+    key = SigningKey.generate()
+    pub_path = write_key_pair(tmp_path / "k", key, ["acmé/models"])
+    assert load_public_key(pub_path) == PublicKey(key.public.raw, frozenset({"acmé/models"}))
+    commented = tmp_path / "commented.pub"
+    commented.write_text("# clé de José\n" + key.public.to_line(), encoding="utf-8")
+    assert load_public_key(commented) == key.public

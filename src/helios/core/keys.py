@@ -2,7 +2,9 @@
 
 Files:
 - private key `KEY`: PKCS#8 PEM, unencrypted, created with mode 0600 (never overwritten).
-- public key `KEY.pub`: one line `helios-ed25519 BASE64 [NAMESPACE ...]`; `#` lines are comments.
+- public key `KEY.pub`: one line `helios-ed25519 BASE64 [NAMESPACE ...]`; lines whose first
+  nonblank character is `#` are comments, and blank lines are ignored. UTF-8 (a publisher
+  namespace may be non-ASCII).
   Listed namespaces scope the key: it is trusted only for those publisher namespaces. A key file
   without namespaces is trusted for whichever namespace the operator accepts alongside it.
 
@@ -131,7 +133,7 @@ def write_key_pair(path: Path, key: SigningKey, namespaces: Iterable[str] = ()) 
     # a full disk) removes what was created: never a private key without its .pub, or a partial one.
     created: list[Path] = []
     try:
-        for target, data, mode in ((path, key.to_pem(), 0o600), (pub_path, pub_text.encode("ascii"), 0o666)):
+        for target, data, mode in ((path, key.to_pem(), 0o600), (pub_path, pub_text.encode("utf-8"), 0o666)):
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
             created.append(target)
             with os.fdopen(fd, "wb") as out:
@@ -155,7 +157,8 @@ def load_signing_key(path: Path) -> SigningKey:
 
 def parse_public_key(text: str, origin: str = "public key") -> PublicKey:
     """Parses the one-line public key format (see module docstring)."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    lines = [ln.strip() for ln in text.splitlines()]  # CRLF line ends, indentation, blank lines
+    lines = [ln for ln in lines if ln and not ln.startswith("#")]
     if len(lines) != 1:
         raise KeyFileError(f"{origin}: expected exactly one key line")
     words = lines[0].split()
@@ -176,7 +179,7 @@ def parse_public_key(text: str, origin: str = "public key") -> PublicKey:
 
 def load_public_key(path: Path) -> PublicKey:
     try:
-        text = Path(path).read_text(encoding="ascii")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a namespace or a comment may be non-ASCII
     except (OSError, UnicodeDecodeError) as error:
         raise KeyFileError(f"cannot read public key {path}: {error}") from None
     return parse_public_key(text, str(path))
