@@ -9,6 +9,7 @@ spawn), so the wrapper runs there, writes the engine process's id to a file and 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -254,6 +255,44 @@ def test_a_taken_port_or_an_unknown_host_fails_before_the_model_loads(core, no_l
     err = capsys.readouterr().err
     assert "cannot listen on no-such-host.invalid:0" in err and "while attempting" not in err, err
     assert len(no_load) == 2
+
+
+def test_a_port_another_starting_server_holds_fails_before_the_model_loads(core, no_load, capsys):
+    """Before: with SO_REUSEADDR set at the bind, a second `helios serve` on the port of one still
+    loading (bound, not yet listening) bound it too, loaded its whole model and failed only at
+    `listen`. A port that only connections of an earlier server hold (TIME_WAIT) is still taken."""
+    from helios.cli.main import main
+    from helios.server.serve import bind
+
+    with contextlib.closing(bind("127.0.0.1", 0)) as loading:  # the first server, loading its model
+        port = loading.getsockname()[1]
+        assert main(core_argv(core, "--port", str(port))) == 1
+        assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in capsys.readouterr().err
+        loading.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as `serve` listens
+        loading.listen(1)
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = loading.accept()
+            accepted.close()  # the server's end closes first: its side waits out TIME_WAIT
+            client.recv(1)
+    with contextlib.closing(bind("127.0.0.1", port)) as restarted:
+        assert restarted.getsockname()[1] == port
+
+
+def test_an_ipv6_host_in_brackets_listens_on_that_address(core, no_load, capsys):
+    """Before: `--host [::1]` (an IPv6 literal as URLs write it, and as the listening line prints it)
+    failed as "Name or service not known"; the bare literal worked. The port taken on ::1 shows the
+    bracketed host reached that address (and still fails before the load)."""
+    from helios.cli.main import main
+    from helios.server.serve import bind
+
+    with contextlib.closing(bind("[::1]", 0)) as sock:
+        assert sock.getsockname()[:2] == ("::1", sock.getsockname()[1])
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        assert main(core_argv(core, "--host", "[::1]", "--port", str(port))) == 1
+    assert f"cannot listen on [::1]:{port}: Address already in use" in capsys.readouterr().err
+    assert main(core_argv(core, "--host", "[]", "--port", "0")) == 1  # never every interface
+    assert "cannot listen on []:0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option, value, message", [

@@ -49,7 +49,9 @@ def register(subparsers) -> None:
         f"{DRAIN_SECONDS}), then stops the model.",
     )
     parser.add_argument("core", nargs="?", metavar="MODEL.core", help="core file (default: the embedded default model)")
-    parser.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--host", default="127.0.0.1", metavar="ADDRESS",
+                        help="address to listen on: a host name or an IPv4 or IPv6 literal, bare or in brackets "
+                        "(::1 or [::1]; 0.0.0.0 or :: for every interface; default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, metavar="PORT", help="TCP port; 0 picks a free one (default 8000)")
     parser.add_argument("--max-active", type=int, metavar="N", help="requests generating at once (default: the core's concurrency)")
     parser.add_argument("--queue-capacity", type=int, default=256, metavar="N",

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import socket
@@ -169,19 +170,38 @@ def _configure_access_log(is_on: bool) -> None:
 def bind(host: str, port: int) -> socket.socket:
     """A TCP socket bound to `host`:`port` (IPv6 when `host` is an IPv6 literal), not yet listening:
     bound before the model loads, a taken port or an unknown host fails at once, and until `serve`
-    listens a connection is refused rather than left waiting in the backlog."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listens a connection is refused rather than left waiting in the backlog. An IPv6 literal may
+    come in brackets, as in a URL (``[::1]``, the form the listening line prints)."""
+    address = host[1:-1] if host.startswith("[") and host.endswith("]") and ":" in host else host
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind((host, port))
+        _bind_exclusively(sock, (address, port))
     except (OSError, OverflowError) as error:
         sock.close()
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
+        shown = f"[{host}]" if family == socket.AF_INET6 and not host.startswith("[") else host  # as URLs write it
+        raise ListenError(f"cannot listen on {shown}:{port}: {reason}") from None
     return sock
+
+
+def _bind_exclusively(sock: socket.socket, address: tuple) -> None:
+    """Binds `sock` so that no other socket binds the port until `serve` listens (it sets
+    SO_REUSEADDR just before). With SO_REUSEADDR on both, Linux lets a second socket bind a port
+    that one not yet listening holds: a second `helios serve` started on the same port beside the
+    first (both loading) loaded its whole model and failed only at `listen`. SO_REUSEADDR is taken
+    only where the port is held, as after a restart, by connections of an earlier server waiting out
+    TIME_WAIT, and dropped once bound."""
+    try:
+        sock.bind(address)
+    except OSError as error:
+        if error.errno != errno.EADDRINUSE:
+            raise
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)  # still refused where a server listens or a starting one holds the port
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
 
 
 def uvicorn_config(app, options: ServeOptions, limits: ConnectionLimits) -> uvicorn.Config:
@@ -208,6 +228,7 @@ def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_
     config = uvicorn_config(app, options, fit_to_fd_limit(options.connection_limits))
     _configure_access_log(options.access_log)
     sock = sock or bind(options.host, options.port)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # its connections' TIME_WAIT never blocks a restart
     sock.listen(BACKLOG)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
