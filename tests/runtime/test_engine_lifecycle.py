@@ -407,3 +407,25 @@ def test_build_runtime_abandons_the_peers_when_the_executor_cannot_be_built(monk
     with pytest.raises(RuntimeError, match="host pages"):
         service.build_runtime(core, service.RuntimeOptions(hold_freed_memory=False))
     assert abandoned == ["RuntimeError: cannot allocate the host pages"]
+
+
+def test_a_stop_matched_sent_as_the_last_request_ends_does_not_outlive_the_synchronous_run():
+    """Before: a command the frontend sent while `run_until_idle` flushed its last events (a second
+    stop_matched, sent as the request's STOP end arrived) stayed queued when the run returned, and
+    the next run applied it to a new request of the same id, which ended STOP at once."""
+    engine, _ = engine_of()
+    record = Recorder()
+
+    def stop_at_first_token_and_again_at_the_end(event):
+        record(event)
+        engine.stop_matched("r0", 1)  # at every event: nothing happens once the request ended
+
+    engine.submit(EngineRequest(spec("r0", PROMPTS["r0"], 6), stop_at_first_token_and_again_at_the_end))
+    engine.run_until_idle()
+    assert record.reasons() == {"r0": [FinishReason.STOP]}
+    again = Recorder()
+    engine.submit(EngineRequest(spec("r0", PROMPTS["r1"], 6), again))
+    engine.run_until_idle()
+    assert again.reasons() == {"r0": [FinishReason.LENGTH]}
+    assert again.tokens == {"r0": reference(PROMPTS["r1"], 6)}
+    assert_all_released(engine.scheduler)

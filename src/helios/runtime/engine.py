@@ -301,7 +301,9 @@ class Engine:
                 self.outbox.flush()  # what `_apply` ends with
             if not self.scheduler.has_work and not self._ingress:  # a cancellation may have emptied the
                 self.outbox.flush()  # scheduler's queue while requests still wait in the ingress channel
-                return
+                if not self._commands:  # one the last events' hooks sent (a second stop_matched) is applied
+                    return  # now: left queued, the next run would apply it to a new request of that id
+                continue
             stalled = 0 if self.step() else stalled + 1
         raise ExecutionError(f"the engine did not go idle: {max_stalled_steps} steps in a row ran no plan")
 
