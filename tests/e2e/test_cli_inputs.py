@@ -549,6 +549,25 @@ def test_prompts_after_options_and_a_double_dash_may_start_with_a_dash(files, ca
     assert code == 2 and err.splitlines()[-1].endswith("unrecognized arguments: hi --json2") and not seen
 
 
+def test_a_lone_dash_after_the_options_is_the_same_prompt_as_before_them(files, capsys, monkeypatch):
+    """`helios generate M.core --accept NS -` failed with "unrecognized arguments: -", while
+    `helios generate M.core - --accept NS` took "-" as a prompt (argparse's positional): wherever
+    it stands, a lone "-" is now that one prompt."""
+    import helios.cli.generate_cmd as generate_cmd
+
+    seen = []
+
+    def opened(args):
+        seen.append(args.prompts)
+        raise generate_cmd.UsageError("stop before opening the core")
+
+    monkeypatch.setattr(generate_cmd, "_open", opened)
+    for argv in (["generate", files["core"], "-", "--accept", NAMESPACE],
+                 ["generate", files["core"], "--accept", NAMESPACE, "-"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and "stop before opening" in one_line(err) and seen.pop() == ["-"]
+
+
 def test_keys_of_the_wrong_type_or_length(files, tmp_path, capsys):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec

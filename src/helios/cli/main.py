@@ -80,9 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:
         # Positional lists (generate's prompts) may follow options, and after `--` start with "-" too
-        # (argparse leaves a `--` after options among the extras); anything else is an error.
+        # (argparse leaves a `--` after options among the extras); a lone "-" is a positional too (as
+        # argparse takes it before the options: the same prompt wherever it stands); anything else is an error.
         cut = extra.index("--") if "--" in extra else len(extra)
-        if not hasattr(args, "prompts") or any(item.startswith("-") for item in extra[:cut]):
+        if not hasattr(args, "prompts") or any(item.startswith("-") and item != "-" for item in extra[:cut]):
             _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
         args.prompts = list(args.prompts or []) + extra[:cut] + extra[cut + 1:]
     try:
