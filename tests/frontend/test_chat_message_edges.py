@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from transformers.utils import chat_template_utils
 
+from helios.embedded import default_model_dir
 from helios.frontend.preparation.messages import MessageError, Role, parse_tools
 from helios.frontend.preparation.prompt import PrefixConstraint, PromptBuilder, PromptRules, ReasoningMarkup
 from helios.frontend.preparation.template import ChatTemplate
@@ -99,3 +100,50 @@ def test_an_argument_named_text_renders_as_that_argument(qwen_tokenizer, text):
         conversations=[reference], chat_template=READS_ARGUMENTS_BY_NAME, add_generation_prompt=True)
     assert f"[{text}|Paris]" in rendered[0]
     assert builder.build(messages).text == rendered[0]
+
+
+def text_parts(*texts: str) -> list[dict]:
+    return [{"type": "text", "text": text} for text in texts]
+
+
+PARTS_CONVERSATION = [
+    {"role": "system", "content": text_parts("Be brief.", "Use SI units.")},
+    {"role": "user", "content": text_parts("How far", "is Paris?")},
+    {"role": "assistant", "content": text_parts("About", "450 km.")},
+    {"role": "user", "content": text_parts("And", " Rome?")},
+]
+
+
+# Renders text parts with a blank line between them (as Pixtral's template does).
+BLANK_LINE_PARTS = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{%- if m.content is string %}{{ m.content }}{%- else %}"
+    "{%- for p in m.content %}{{ p.text }}{{ '\n\n' if not loop.last }}{%- endfor %}{%- endif %}<|im_end|>\n"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+@pytest.mark.parametrize("source", [default_model_dir() / "chat_template.jinja", TEMPLATES / "qwen2_5_vl.jinja",
+                                    TEMPLATES / "glm4_5.jinja", BLANK_LINE_PARTS],
+                         ids=["embedded", "qwen2.5-vl", "glm-4.5", "blank line between parts"])
+def test_text_part_arrays_render_as_transformers_renders_them(qwen_tokenizer, source):
+    """Content sent as an array of text parts, to templates that render parts themselves (the embedded
+    model's, Qwen2.5-VL's and GLM-4.5's join the texts with nothing between, others with a blank line):
+    the texts were joined with newlines before the template saw them, so the prompt held a newline between the parts that
+    `apply_chat_template` (and vLLM, for Qwen2.5-VL's template) does not render, while the same parts
+    beside an image rendered without one. The template gets the parts, as transformers gives them."""
+    template = source if isinstance(source, str) else source.read_text()
+    builder = PromptBuilder(ChatTemplate(template), qwen_tokenizer, CHATML_RULES)
+    rendered, _ = chat_template_utils.render_jinja_template(
+        conversations=[PARTS_CONVERSATION], chat_template=template, add_generation_prompt=True)
+    assert "How far" + ("\n\n" if source is BLANK_LINE_PARTS else "") + "is Paris?" in rendered[0]
+    assert builder.build(PARTS_CONVERSATION).text == rendered[0]
+
+
+@pytest.mark.parametrize("name", ["qwen3.jinja", "llama3_1.jinja", "deepseek_v3.jinja"])
+def test_text_part_arrays_join_with_newlines_where_the_template_renders_only_strings(qwen_tokenizer, name):
+    """Templates that raise on a list of parts (Qwen3's, DeepSeek's) or print its Python repr (Llama
+    3.1's) in transformers get the texts joined with newlines (vLLM's "string" content format)."""
+    template = ChatTemplate((TEMPLATES / name).read_text(), {"bos_token": "<s>"})
+    builder = PromptBuilder(template, qwen_tokenizer, CHATML_RULES)
+    joined = [{**m, "content": "\n".join(part["text"] for part in m["content"])} for m in PARTS_CONVERSATION]
+    assert builder.build(PARTS_CONVERSATION).text == builder.build(joined).text

@@ -10,8 +10,10 @@ tool calls with nested or empty arguments, tool results, reasoning_content in hi
 user turns, 0 to 3 tools with varied schemas, tool_choice, chat_template_kwargs, reasoning_effort), and
 the reference is transformers' rendering of the same conversation:
 
-- text parts are joined with newlines (Helios's documented convention, vLLM's "string" content
-  format); an assistant message without content has ``content: null`` (OpenAI's shape), which the
+- text parts reach the template as parts, as transformers passes them, where the family's template
+  renders them itself (`TEXT_PART_ROLES`: GLM-4.5's, for all but tool messages, whose parts it prints
+  as Python reprs); elsewhere, where transformers' render raises on a list or prints its repr, they
+  are joined with newlines (vLLM's "string" content format); an assistant message without content has ``content: null`` (OpenAI's shape), which the
   template receives as none, ``tool_calls`` null or ``[]`` are no calls (the key is left out), and
   tool-call arguments reach the template as the family's reference wants them (test_families: JSON
   text for DeepSeek's string concatenation, an object elsewhere);
@@ -248,6 +250,11 @@ def draw_request(case: FamilyCase, seed: int, markers: bool = False) -> dict:
 # --- the reference -----------------------------------------------------------------------------------
 
 
+# The roles whose text parts a family's template renders (as it renders their texts joined with
+# nothing between); the other families' templates raise on a list or print its repr.
+TEXT_PART_ROLES = {"glm-4.5": {"system", "user", "assistant"}}
+
+
 def reference_messages(case: FamilyCase, messages: list[dict], developer_as_system: bool) -> list[dict]:
     """The conversation as transformers is given it (see the module docstring)."""
     converted = []
@@ -255,7 +262,7 @@ def reference_messages(case: FamilyCase, messages: list[dict], developer_as_syst
         item = dict(message)
         if item["role"] == "developer" and developer_as_system:
             item["role"] = "system"
-        if isinstance(item.get("content"), list):
+        if isinstance(item.get("content"), list) and item["role"] not in TEXT_PART_ROLES.get(case.name, ()):
             item["content"] = "\n".join(part["text"] for part in item["content"])
         if item["role"] == "assistant":
             item.setdefault("content", None)

@@ -188,10 +188,8 @@ def make_case(rng: random.Random, seen: list[Image]) -> Case:
         messages.append({"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": p.url}} if isinstance(p, Image) else {"type": "text", "text": p}
             for p in parts]})
-        if images and any(isinstance(p, Image) for p in parts):  # the template iterates the parts
-            content = [{"type": "image"} if isinstance(p, Image) else {"type": "text", "text": p} for p in parts]
-        else:  # text parts alone are joined with newlines (helios.frontend.preparation.messages)
-            content = "\n".join(parts)
+        # the template renders the parts itself, text parts alone too (as transformers passes them)
+        content = [{"type": "image"} if isinstance(p, Image) else {"type": "text", "text": p} for p in parts]
         template.append({"role": "user", "content": content})
         if turn < turns - 1:
             reply = words(rng)

@@ -3,8 +3,12 @@
 `parse_messages` and `parse_tools` take JSON-decoded request values (dicts, lists, strings) and
 return immutable records, raising `MessageError` (HTTP 400) for anything malformed. Conventions:
 
-- content is a string or a list of ``{"type": "text", "text": ...}`` parts, joined with newlines; a
-  user message may also carry ``image_url`` parts (`helios.frontend.preparation.image_parts`);
+- content is a string or a list of ``{"type": "text", "text": ...}`` parts; a user message may also
+  carry ``image_url`` parts (`helios.frontend.preparation.image_parts`). A message keeps its parts:
+  `template_messages` passes them to the template for the roles whose content parts it renders
+  itself (`ChatTemplate.content_part_roles`), as `apply_chat_template` passes them, and joins their
+  texts with newlines for the others (vLLM's "string" content format: such a template raises on a
+  list, or prints its Python repr);
 - an assistant message has content, tool calls, or both; its `reasoning_content` (or `reasoning`,
   vLLM's newer name) is optional;
 - tool-call arguments are strict JSON text of an object (what the model generated, kept verbatim;
@@ -79,7 +83,8 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
-    # A user message with image parts: its parts in order, ("text", text) or ("image", url).
+    # Content sent as an array: its parts in order, ("text", text) or ("image", url) (a user message's);
+    # `content` is then the texts joined with newlines.
     parts: tuple[tuple[str, str], ...] = ()
 
 
@@ -122,23 +127,23 @@ def _parse_message(index: int, item: object) -> ChatMessage:
     name = _optional_str(item, "name", where)
     if role is Role.ASSISTANT:
         calls = _parse_tool_calls(item.get("tool_calls"), where)
-        content = None if item.get("content") is None else _content(item["content"], where)
+        content, parts = (None, ()) if item.get("content") is None else _content(item["content"], where)
         if content is None and not calls:
             raise MessageError(f"{where}: an assistant message needs content or tool_calls")
         reasoning = _optional_str(item, "reasoning_content", where)
         alias = _optional_str(item, "reasoning", where)  # vLLM's newer name for it
         if alias is not None and reasoning is not None and alias != reasoning:
             raise MessageError(f"{where}: reasoning and reasoning_content differ; send one of them")
-        return ChatMessage(role, content, reasoning if reasoning is not None else alias, calls, name=name)
+        return ChatMessage(role, content, reasoning if reasoning is not None else alias, calls, name=name, parts=parts)
     if role is Role.USER and (mixed := user_content(item.get("content"), where)) is not None:
         return ChatMessage(role, mixed[0], name=name, parts=mixed[1])
-    content = _content(item.get("content"), where)
+    content, parts = _content(item.get("content"), where)
     if role is Role.TOOL:
         call_id = item.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
             raise MessageError(f"{where}.tool_call_id must be a non-empty string")
-        return ChatMessage(role, content, tool_call_id=call_id, name=name)
-    return ChatMessage(role, content, name=name)
+        return ChatMessage(role, content, tool_call_id=call_id, name=name, parts=parts)
+    return ChatMessage(role, content, name=name, parts=parts)
 
 
 def _optional_str(item: dict, key: str, where: str) -> str | None:
@@ -148,9 +153,11 @@ def _optional_str(item: dict, key: str, where: str) -> str | None:
     return value
 
 
-def _content(value: object, where: str) -> str:
+def _content(value: object, where: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """(text, parts): a string is its own text with no parts; an array of text parts, its texts
+    joined with newlines and its parts."""
     if isinstance(value, str):
-        return value
+        return value, ()
     if isinstance(value, list):
         texts = []
         for i, part in enumerate(value):
@@ -159,7 +166,7 @@ def _content(value: object, where: str) -> str:
             if not isinstance(part["text"], str):
                 raise MessageError(f"{where}.content[{i}].text must be a string")
             texts.append(part["text"])
-        return "\n".join(texts)
+        return "\n".join(texts), tuple(("text", text) for text in texts)
     raise MessageError(f"{where}.content must be a string or an array of text parts")
 
 
@@ -292,15 +299,19 @@ def json_text(arguments: ToolArguments) -> str:
     return arguments._text
 
 
-def template_messages(messages: tuple[ChatMessage, ...], render_developer_as_system: bool) -> list[dict]:
-    """Plain dicts in the Hugging Face chat-template shape; fresh objects on every call."""
+def template_messages(messages: tuple[ChatMessage, ...], render_developer_as_system: bool,
+                      part_roles: frozenset[str] = frozenset()) -> list[dict]:
+    """Plain dicts in the Hugging Face chat-template shape; fresh objects on every call. Content sent
+    as parts reaches the template as parts where it has image parts (the template renders each
+    image's placeholder) or its rendered role is one of `part_roles` (the template renders text
+    parts itself: `ChatTemplate.content_part_roles`); elsewhere as its texts joined with newlines."""
     rendered = []
     for message in messages:
         role = message.role
         if role is Role.DEVELOPER and render_developer_as_system:
             role = Role.SYSTEM
         item: dict[str, Any] = {"role": role.value, "content": message.content}
-        if message.parts:  # image parts: the template renders each image's placeholder
+        if message.parts and (role.value in part_roles or any(kind == "image" for kind, _ in message.parts)):
             item["content"] = template_parts(message.parts)
         if message.name is not None:
             item["name"] = message.name

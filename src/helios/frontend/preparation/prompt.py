@@ -166,7 +166,8 @@ class PromptBuilder:
         self._check_roles(parsed)
         developer_as_system = Role.DEVELOPER not in self._rules.declared_roles
         inputs = self._markers.escape_inputs(
-            template_messages(parsed, developer_as_system), template_tools(parse_tools(tools)), template_kwargs)
+            template_messages(parsed, developer_as_system, self._template.content_part_roles),
+            template_tools(parse_tools(tools)), template_kwargs)
         rendered = self._render(inputs, inputs.messages, add_generation_prompt)
         text, token_ids = self._encode(rendered, inputs)
         state, prefill = initial_reasoning_state(rendered, self._rules)

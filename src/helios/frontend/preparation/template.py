@@ -11,12 +11,20 @@ that fails on a request's data (including the template's own `raise_exception`) 
 within the request size the server admits a correct template never gets near the bounds, so the
 core's template is at fault, and the render has stopped, its thread free, when the error is raised).
 
+Content sent as an array of text parts reaches a template as `apply_chat_template` passes it, a
+list of parts, for the roles whose parts the template renders as text itself (`content_part_roles`:
+Qwen2.5-VL's, GLM-4.5's and the embedded model's templates join the texts with nothing between);
+for the others the texts are joined with newlines (vLLM's "string" content format), where
+transformers' render raises on the list (Qwen3's, DeepSeek's, Mistral's, gpt-oss's) or prints its
+Python repr (Llama 3.1's).
+
 A compiled `ChatTemplate` is immutable and safe to render from several threads.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cached_property
 from typing import Mapping
 
 import jinja2
@@ -25,6 +33,7 @@ from jinja2.defaults import DEFAULT_NAMESPACE
 from helios.core.template_sandbox import (
     BoundedSandbox, RenderBounds, RenderLimitExceeded, TemplateRaised, bounded_strftime, render_bounded)
 from helios.errors import LoadError, RequestError
+from helios.frontend.preparation.messages import ToolArguments
 
 # Template variables the prompt path supplies itself, jinja2's own globals (`namespace`, `range`, ...)
 # and ``self`` (a template's blocks); request kwargs may not override them (a template calling
@@ -40,6 +49,9 @@ TEMPLATE_KWARG_TYPES = (bool, int, float, str, type(None))
 # (a 1 M-token prompt is about 4 Mi characters); the CPU bound stops a runaway render within a few
 # seconds, so it frees its preparation slot soon after its request's 10 s preparation timeout.
 SERVING_BOUNDS = RenderBounds(max_chars=1 << 26, cpu_seconds=2.0)
+# The probe conversations of `content_part_roles` render to a few hundred characters.
+PROBE_BOUNDS = RenderBounds(max_chars=1 << 20, cpu_seconds=0.5)
+PART_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class TemplateLoadError(LoadError):
@@ -95,14 +107,57 @@ class ChatTemplate:
         env.globals["strftime_now"] = _strftime_now
         try:
             self._template = env.from_string(source)
-        except jinja2.TemplateError as error:
-            raise TemplateLoadError(f"chat template does not compile: {error}") from None
+        # Jinja's parser and code generator recurse per nested expression or block, and Python's compiler
+        # refuses the code of 100 nested loops: a RecursionError or SyntaxError, not a TemplateError.
+        except (jinja2.TemplateError, RecursionError, SyntaxError) as error:
+            raise TemplateLoadError(f"chat template does not compile: {type(error).__name__}: {error}") from None
         self._tokens = tokens
         self._bounds = bounds
 
     @property
     def template_token_names(self) -> frozenset[str]:
         return frozenset(self._tokens)
+
+    @cached_property
+    def content_part_roles(self) -> frozenset[str]:
+        """The roles whose text parts this template renders as text: a probe conversation with that
+        role's contents as two text parts renders exactly as with each as one string, the two texts
+        joined by what the template put between them (nothing for the shipped templates; a Python
+        repr, or a part rendered as a message of its own, is no such joint). Computed on first use
+        (a deterministic value: two threads may both compute it); a probe the template refuses, or
+        that reaches a bound, leaves its role out."""
+        roles = set()
+        for role in PART_ROLES:
+            try:
+                as_parts = self._probe(role, None)
+                first, second = _probe_texts(role)
+                at = as_parts.find(first)
+                joint = as_parts[at + len(first):as_parts.find(second, at)] if at >= 0 else ""
+                if self._probe(role, joint) == as_parts:
+                    roles.add(role)
+            except (RenderLimitExceeded, *_RENDER_FAILURES):
+                pass
+        return frozenset(roles)
+
+    def _probe(self, role: str, joint: str | None) -> str:
+        """A conversation of every role (developer in place of system when `role` is developer), each
+        content two texts; `role`'s as two text parts when `joint` is None, else as one string (the
+        texts joined by `joint`), the others' as one string."""
+        call = {"id": "call_probe", "type": "function", "function": {"name": "probe_tool",
+                                                                  "arguments": ToolArguments('{"key": "value"}')}}
+        roles = ("developer" if role == "developer" else "system", "user", "assistant", "tool", "assistant", "user")
+        messages = []
+        for i, name in enumerate(roles):
+            texts = (f"Probe text {i}a.", f"Probe text {i}b.")
+            if name != role:
+                content = "".join(texts)
+            else:
+                content = [{"type": "text", "text": t} for t in texts] if joint is None else joint.join(texts)
+            messages.append({"role": name, "content": content})
+        messages[2]["tool_calls"] = [call]
+        messages[3]["tool_call_id"] = call["id"]
+        return render_bounded(self._template, {**self._tokens, "messages": messages, "tools": None,
+                                               "add_generation_prompt": True}, PROBE_BOUNDS)
 
     def render(
         self,
@@ -127,6 +182,12 @@ class ChatTemplate:
             raise TemplateLimitError(f"the core's chat template exceeded a render bound: {error}") from None
         except _RENDER_FAILURES as error:
             raise TemplateRenderError(f"chat template failed: {type(error).__name__}: {error}") from None
+
+
+def _probe_texts(role: str) -> tuple[str, str]:
+    """The two texts of `role`'s first message in `ChatTemplate._probe`'s conversation."""
+    index = {"system": 0, "developer": 0, "user": 1, "assistant": 2, "tool": 3}[role]
+    return f"Probe text {index}a.", f"Probe text {index}b."
 
 
 def check_template_kwargs(template_kwargs: Mapping[str, object] | None, token_names: frozenset[str]) -> dict:
