@@ -46,6 +46,27 @@ def test_a_template_that_runs_away_only_on_larger_conversations_is_a_limit_error
     assert raised.value.http_status == 500
 
 
+@pytest.mark.parametrize("growth", [
+    "'x'.encode() * 10**7",
+    "('x' * 10**4).encode().replace('x'.encode(), ('y' * 10**3).encode())",
+    "'x'.encode().center(10**7)",
+    "('%' ~ 10**7 ~ 'd').encode() % 1",
+    "','.encode().join(['x'.encode() * 10**4] * 10**3)",
+    "('x' * 10**4).translate({120: 'y' * 10**3})",
+    "('x' * 10**4).translate(['y' * 10**3] * 200)",
+], ids=["bytes repetition", "bytes replace", "bytes width", "bytes format", "bytes join", "translate",
+        "translate by list"])
+def test_bytes_and_translations_are_bounded_as_strings_are(growth):
+    """``'x'.encode()`` is bytes, which no bound weighed (``'x'.encode() * 10**11`` built 100 GB in one
+    step: a MemoryError, a 500, or the server killed), and `str.translate` maps a character to a string
+    of any length (n copies of it in one call). Both are refused before they build past the cap."""
+    template = ChatTemplate("{{ (" + growth + ") | length }}", bounds=QUICK)
+    with pytest.raises(TemplateLimitError, match="exceeded a render bound"):
+        template.render([])
+    small = growth.replace("10**7", "10").replace("10**4", "10").replace("10**3", "2")
+    assert int(ChatTemplate("{{ (" + small + ") | length }}", bounds=QUICK).render([])) > 0
+
+
 def test_template_errors_on_request_data_stay_client_errors():
     template = ChatTemplate("{{ raise_exception('no system role') if messages[0].role == 'system' }}" + CHATML)
     with pytest.raises(TemplateRenderError) as raised:

@@ -11,9 +11,10 @@ exhausts memory or CPU:
   `strftime_now` (`bounded_strftime`) past `DATE_FORMAT_MAX_CHARS`; `+`, `~`, `*` and string formatting
   are checked before they build a string or list past `RenderBounds.max_chars`, integer `*` and
   `**` before they build an integer past `MAX_INT_BITS`, width arguments of the padding methods and
-  filters (``center``, ``ljust``, ``indent``, ``tojson(indent=...)``, ...), `replace`, `join`,
+  filters (``center``, ``ljust``, ``indent``, ``tojson(indent=...)``, ...), `replace`, `join`, `translate`,
   ``wordwrap(wrapstring=...)`` and ``urlize(target=..., rel=...)`` before they build a string past
-  the cap, and `sum` joins lists in one pass, weighed first; the rendered text may not exceed it either;
+  the cap, and `sum` joins lists in one pass, weighed first (bytes, from ``str.encode``, as strings);
+  the rendered text may not exceed it either;
 - time: every call (macros, methods, `caller`, recursive `loop`) and every loop counts a step,
   and every `CHECK_EVERY` steps the render's thread CPU time is compared with
   `RenderBounds.cpu_seconds`. Thread CPU time, not wall time: a render waiting for the GIL behind
@@ -42,6 +43,7 @@ import json
 import re
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Iterator, Mapping
@@ -125,7 +127,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _sized(value: Any) -> int:
-    return len(value) if isinstance(value, (str, list, tuple)) else 0
+    return len(value) if isinstance(value, (str, bytes, list, tuple)) else 0
 
 
 def _check_size(size: int, what: str) -> None:
@@ -194,7 +196,8 @@ def bounded_strftime(moment: datetime, format: str) -> str:  # noqa: A002 - the 
 
 
 def _check_replace(text: Any, old: Any, new: Any, count: Any = -1) -> None:
-    if isinstance(text, str) and isinstance(old, str) and isinstance(new, str) and len(new) > len(old):
+    kind = text.__class__
+    if kind in (str, bytes) and isinstance(old, kind) and isinstance(new, kind) and len(new) > len(old):
         found = text.count(old) if old else len(text) + 1
         if _is_int(count) and count >= 0:
             found = min(found, count)
@@ -204,11 +207,29 @@ def _check_replace(text: Any, old: Any, new: Any, count: Any = -1) -> None:
 _WIDTH_METHODS = frozenset(("center", "ljust", "rjust", "zfill", "expandtabs"))
 
 
+def _check_translate(text: str, table: Any) -> None:
+    """`str.translate` maps each character to a string of any length: ``('x' * n).translate({120: s})``
+    built n copies of s in one call. Counted only where the longest mapping could pass the cap."""
+    if isinstance(table, dict):
+        values, lookup = table.values(), table.get
+    elif isinstance(table, (list, tuple)):
+        values, lookup = table, lambda code: table[code] if code < len(table) else None
+    else:
+        return  # a string table maps to single characters
+    longest = max((len(value) for value in values if isinstance(value, str)), default=1)
+    if len(text) * longest <= _max_chars():
+        return
+    mapped = ((lookup(ord(char)), count) for char, count in Counter(text).items())
+    _check_size(sum(count * (len(value) if isinstance(value, str) else 1) for value, count in mapped),
+                "a translation")
+
+
 def _check_str_method(method: Any, args: tuple, kwargs: Mapping[str, Any]) -> None:
-    """The widths and sizes of the module docstring, for a call of a string's method."""
+    """The widths and sizes of the module docstring, for a call of a string's (or bytes') method:
+    ``'x'.encode()`` is bytes, whose padding methods, `replace`, `join` and ``*`` build as strings do."""
     bound = getattr(method, "__wrapped__", method)  # the sandbox wraps str.format and format_map
     owner = getattr(bound, "__self__", None)
-    if owner.__class__ is not str:
+    if owner.__class__ is not str and owner.__class__ is not bytes:
         return
     name = bound.__name__
     if name in ("format", "format_map"):
@@ -220,7 +241,8 @@ def _check_str_method(method: Any, args: tuple, kwargs: Mapping[str, Any]) -> No
         for value in (*args, *kwargs.values()):
             _check_width(value)
         if name == "expandtabs":
-            size = owner.count("\t") * max([8, *[v for v in (*args, *kwargs.values()) if _is_int(v)]])
+            tab = "\t" if owner.__class__ is str else b"\t"
+            size = owner.count(tab) * max([8, *[v for v in (*args, *kwargs.values()) if _is_int(v)]])
             _check_size(len(owner) + size, "an expansion")
     elif name == "replace":
         _check_replace(owner, *args, **kwargs)
@@ -228,6 +250,8 @@ def _check_str_method(method: Any, args: tuple, kwargs: Mapping[str, Any]) -> No
         items = args[0] if args else ()
         if isinstance(items, (list, tuple)):
             _check_size(sum(_sized(item) for item in items) + len(owner) * len(items), "a join")
+    elif name == "translate" and args and owner.__class__ is str:
+        _check_translate(owner, args[0])
 
 
 def _check_indent(text: Any, width: Any = 4, *_: Any) -> None:
@@ -525,8 +549,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         elif operator == "**":
             if _is_int(left) and _is_int(right) and abs(left) > 1 and right * abs(left).bit_length() > MAX_INT_BITS:
                 raise RenderLimitExceeded(f"the power {left} ** {right} is too large")
-        elif operator == "%" and isinstance(left, str):
-            _check_format(left)
+        elif operator == "%" and isinstance(left, (str, bytes)):
+            _check_format(left if isinstance(left, str) else left.decode("latin-1"))
             _check_arguments(right if isinstance(right, tuple) else (right,))
         return self.binop_table[operator](left, right)
 
