@@ -9,7 +9,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from helios.core.template_sandbox import RenderLimitExceeded
 from helios.frontend.preparation.prompt import PromptBuilder, PromptRules
-from helios.frontend.preparation.template import ChatTemplate, TemplateLimitError, TemplateRenderError
+from helios.frontend.preparation.template import ChatTemplate, TemplateLimitError, TemplateLoadError, TemplateRenderError
 from helios.ignition.frontend.render import ProbeTemplate
 
 # transformers' `{% generation %}` tag marks the assistant's own text (return_assistant_tokens_mask);
@@ -66,3 +66,14 @@ def test_a_template_that_fails_in_jinja_s_own_code_on_a_request_refuses_it(deeps
     with pytest.raises(TemplateRenderError, match="chat template failed") as raised:
         builder.build(CONVERSATION[:1], [TOOL])
     assert raised.value.param == "messages"
+
+
+@pytest.mark.parametrize("source", [
+    "{% for a in b %}" * 101 + "{% endfor %}" * 101, "{{ " + "(" * 2000 + "1" + ")" * 2000 + " }}",
+], ids=["nested loops", "nested parentheses"])
+def test_a_template_nested_past_the_compilers_depth_is_a_load_error(source):
+    """A template nested deeper than jinja's parser or Python's compiler go (a RecursionError or a
+    SyntaxError, not a TemplateError) escaped `ChatTemplate` as a traceback at startup, where prepare's
+    `ProbeTemplate` names it; it is the typed `TemplateLoadError`."""
+    with pytest.raises(TemplateLoadError, match="chat template does not compile"):
+        ChatTemplate(source)
