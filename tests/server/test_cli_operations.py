@@ -105,6 +105,8 @@ def test_generate_names_a_missing_core_file(tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--served-model-name", "a", "a"], "distinct"),
     (["--served-model-name", " "], "nonempty"),
+    (["--served-model-name", "bad\udcff"], "printable UTF-8"),  # bytes not UTF-8 (every /metrics scrape: 500)
+    (["--served-model-name", "two\nlines"], "printable UTF-8"),
     (["--api-key", ""], "must not be empty"),
     (["--stream-interval", "0"], "--stream-interval must be positive"),
 ])
@@ -119,3 +121,13 @@ def test_api_key_defaults_to_the_environment(monkeypatch):
     commands = parser.add_subparsers()
     serve_cmd.register(commands)
     assert parser.parse_args(["serve"]).api_key == "from-env"
+
+
+def test_generate_trusts_a_key_file_with_a_non_ascii_namespace(tmp_path, capsys):
+    """keygen writes a non-ASCII namespace (UTF-8); --trust read the file as ASCII and refused it."""
+    key = tmp_path / "k.pub"
+    assert main(["keygen", "-o", str(tmp_path / "k"), "--namespace", "acmé/models"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "missing.core"), "hi", "--accept", "acmé/models", "--trust", str(key)]) != 0
+    err = capsys.readouterr().err
+    assert "missing.core" in err and "not a public key" not in err

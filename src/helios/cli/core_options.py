@@ -110,7 +110,7 @@ def key_file_mistakes():
 
 def _is_public_key(data: bytes) -> bool:
     try:
-        parse_public_key(data.decode("ascii"))
+        parse_public_key(data.decode("utf-8-sig"))
     except (UnicodeDecodeError, KeyFileError):
         return False
     return True
@@ -139,9 +139,9 @@ def load_public_key_file(path: os.PathLike | str) -> PublicKey:
     if b"PRIVATE KEY-----" in data:
         raise KeyFileError(f"--trust {path} is a private key; trust takes public keys (KEY.pub)")
     try:
-        text = data.decode("ascii")
+        text = data.decode("utf-8-sig")  # as keygen writes it: a namespace may be non-ASCII
     except UnicodeDecodeError:
-        raise KeyFileError(f"{path}: not a public key file (bytes that are not ASCII)") from None
+        raise KeyFileError(f"{path}: not a public key file (bytes that are not UTF-8)") from None
     return parse_public_key(text, str(path))
 
 

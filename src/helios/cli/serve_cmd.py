@@ -179,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
     names = tuple(args.served_model_name or ())
     if any(not name.strip() for name in names) or len(set(names)) != len(names):
         raise UsageError("--served-model-name takes distinct, nonempty names")
+    if any(not name.isprintable() or not _is_utf8(name) for name in names):  # /metrics and responses could not carry it
+        raise UsageError("--served-model-name takes printable UTF-8 names")
     if args.api_key is not None and not args.api_key.strip():
         raise UsageError(f"--api-key (or ${API_KEY_ENV}) must not be empty")
     if args.api_key is not None and not args.api_key.isprintable():  # no header could carry it: every request a 401
@@ -208,3 +210,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if spawned is not None:
             spawned.discard()  # the start failed before it ordered or took over the engine process
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether `text` encodes to UTF-8 (a command-line argument of bytes that are not UTF-8 arrives
+    with lone surrogates, which no response or /metrics scrape can encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
