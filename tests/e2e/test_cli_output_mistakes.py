@@ -189,3 +189,17 @@ def test_prepare_through_a_link_to_a_checkpoint_file_is_refused(files, tmp_path,
     code, err = run(capsys, "prepare", checkpoint, "-o", link, "--key", files["other"], "--namespace", "a/b")
     assert code == 2 and f"-o {link} would replace a file of the checkpoint" in one_line(err)
     assert (checkpoint / "model.safetensors").read_bytes() == b"the weights"
+
+
+def test_prepare_onto_a_checkpoint_link_is_refused_where_it_leads(files, tmp_path, capsys):
+    """`-o checkpoint/model.safetensors`, a link inside the checkpoint to `store/model.safetensors`
+    (a layout prepare follows): the output resolves out of the checkpoint's directory, so the check
+    by name passed and the core replaced the weights (the review's find). The same file is refused."""
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "store").mkdir(parents=True)
+    (checkpoint / "store" / "model.safetensors").write_bytes(b"the weights")
+    (checkpoint / "model.safetensors").symlink_to("store/model.safetensors")
+    output = checkpoint / "model.safetensors"
+    code, err = run(capsys, "prepare", checkpoint, "-o", output, "--key", files["other"], "--namespace", "a/b")
+    assert code == 2 and "would replace a file of the checkpoint" in one_line(err)
+    assert (checkpoint / "store" / "model.safetensors").read_bytes() == b"the weights"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import unicodedata
@@ -118,9 +119,17 @@ def _check_signed_text(args: argparse.Namespace) -> None:
 
 def _is_input_file(output: Path, checkpoint: Path) -> bool:
     """Whether `output` names a file preparation reads from `checkpoint` (weights, configs, tokenizer,
-    template): the finished core would replace it."""
-    return (output.suffix in (".safetensors", ".json", ".jinja") and output.is_file()
-            and output.resolve().parent == checkpoint.resolve())
+    template): the finished core would replace it. Also where a file of the checkpoint is a link to
+    it (``model.safetensors -> store/model.safetensors``, a link inside the checkpoint prepare
+    follows): the same file, whatever its name."""
+    if not output.is_file():
+        return False
+    if output.suffix in (".safetensors", ".json", ".jinja") and output.resolve().parent == checkpoint.resolve():
+        return True
+    try:
+        return any(entry.is_file() and os.path.samefile(entry, output) for entry in checkpoint.iterdir())
+    except OSError:
+        return False
 
 
 def _has_control(text: str) -> bool:
