@@ -64,14 +64,29 @@ def _export(source, batch: int) -> bytes:
     return encode_program(exported.run_decompositions({}))
 
 
-def write_initialized_core(source, key_path: Path, namespace: str, target: Path) -> Path:
+def rewritten_core(hybrid, state_core, directory: Path, rewrite) -> Path:
+    """`state_core` with its contract and manifest changed by `rewrite(source, contract, manifest,
+    writer)` (the writer holding the source's resources), signed as the hybrid fixtures sign, in
+    `directory`."""
+    root, _ = hybrid
+    source = open_core(state_core, accept=NAMESPACE, trusted_keys=[root / "publisher.key.pub"])
     contract_bytes, manifest_bytes = source.prepared.encode()
     contract = spb.ServingContract.FromString(contract_bytes)
     manifest = mpb.ExecutionManifest.FromString(manifest_bytes)
-    batch = contract.max_concurrency
     writer = CoreWriter()
     for info in source.resources:
         writer.add_resource(info.id, info.kind, source.read_resource(info.id), rank=info.rank)
+    rewrite(source, contract, manifest, writer)
+    writer.set_contract(PreparedContract.from_messages(contract, manifest))
+    writer.set_publisher(NAMESPACE)
+    writer.add_signing_key(load_signing_key(root / "publisher.key"))
+    target = directory / "rewritten.core"
+    writer.write(target)
+    return target
+
+
+def add_initialization(source, contract, manifest, writer) -> None:
+    batch = contract.max_concurrency
     for name, size in (("init_state_rows", batch), ("init_live_rows", 1)):
         buffer = manifest.buffers.add(name=name, dtype=mpb.DTYPE_INT32, placement=mpb.PLACEMENT_DEVICE,
                                       role=mpb.BUFFER_ROLE_INPUT)
@@ -91,19 +106,11 @@ def write_initialized_core(source, key_path: Path, namespace: str, target: Path)
     handle.capacity.CopyFrom(graph.variants[0])
     handle.program_inputs.extend(INPUTS)
     writer.add_resource("program.initialize", ResourceKind.PROGRAM_IMAGE, _export(source, batch), rank=0)
-    writer.set_contract(PreparedContract.from_messages(contract, manifest))
-    writer.set_publisher(namespace)
-    writer.add_signing_key(load_signing_key(key_path))
-    writer.write(target)
-    return target
 
 
 @pytest.fixture(scope="module")
 def initialized_core(hybrid, state_core, tmp_path_factory):  # noqa: F811
-    root, _ = hybrid
-    source = open_core(state_core, accept=NAMESPACE, trusted_keys=[root / "publisher.key.pub"])
-    target = tmp_path_factory.mktemp("initialized") / "initialized.core"
-    return write_initialized_core(source, root / "publisher.key", NAMESPACE, target)
+    return rewritten_core(hybrid, state_core, tmp_path_factory.mktemp("initialized"), add_initialization)
 
 
 def test_a_restored_request_is_initialized_before_its_restore(hybrid, expected, initialized_core):  # noqa: F811

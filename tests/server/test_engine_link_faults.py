@@ -14,6 +14,7 @@ from helios.runtime.engine_link import Admit, Batch, EngineLink, Shutdown, wire_
 from helios.runtime.outlet import StepBatch
 from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
 from helios.runtime.records.request import RequestSpec
+from server.test_engine_process import _ThreadProcess
 
 
 class _Process:
@@ -242,23 +243,6 @@ def test_a_batch_the_engine_process_cannot_pickle_ends_every_request_with_the_re
         assert ended[request_id].reason is FinishReason.ERROR and "could not be sent" in ended[request_id].message
     assert "TypeError" in link.failure and "could not be sent" in link.failure
     link.shutdown(timeout=5.0)
-
-
-class _ThreadProcess:
-    """An engine 'process' that is a thread of this one (the link only joins, kills and polls it)."""
-
-    def __init__(self, thread):
-        self._thread = thread
-        self.exitcode = None
-
-    def join(self, timeout=None) -> None:
-        self._thread.join(timeout)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def kill(self) -> None:
-        raise AssertionError("the engine side should have ended by itself")
 
 
 class _GaugedEngine(_Engine):

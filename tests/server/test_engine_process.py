@@ -293,6 +293,7 @@ class _ThreadProcess:
 
     def __init__(self, thread):
         self._thread = thread
+        self.exitcode = None
 
     def join(self, timeout=None) -> None:
         self._thread.join(timeout)
