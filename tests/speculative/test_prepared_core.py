@@ -60,12 +60,15 @@ def test_the_core_declares_draft_storage_and_speculative_variants(prepared):
     assert views == [("page_table", 0), ("draft_page_table", 0)]
     assert [(c.name, c.lag_tokens) for c in cache.cursors] == [("draft", 0)]
     assert list(contract.contract.speculative_widths) == [1, 4]
-    (graph,) = contract.graphs_for(spb.GRAPH_OPERATION_SPECULATIVE)
-    assert graph.length_source == spb.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT and graph.has_copied_inputs
-    assert graph.draft_cursor == "draft"
-    extents = {(v.batch_capacity, v.token_capacity, v.packed_token_capacity, v.draft_tokens, v.confidence_width,
-                v.lane_limit) for v in graph.variants}
-    assert extents == {(4, 1, 4, 0, 0, 1), (4, 4, 8, 3, 3, 4)}
+    # The SPECULATIVE graph and its token-logprobs twin, which declares the same extents and bindings.
+    graph, twin = contract.graphs_for(spb.GRAPH_OPERATION_SPECULATIVE)
+    assert (graph.token_logprobs, twin.token_logprobs) == (0, 20)
+    for declared in (graph, twin):
+        assert declared.length_source == spb.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT and declared.has_copied_inputs
+        assert declared.draft_cursor == "draft"
+        extents = {(v.batch_capacity, v.token_capacity, v.packed_token_capacity, v.draft_tokens,
+                    v.confidence_width, v.lane_limit) for v in declared.variants}
+        assert extents == {(4, 1, 4, 0, 0, 1), (4, 4, 8, 3, 3, 4)}
     completion = contract.manifest.completion
     assert completion.confidence_buffer == "proposal_confidence"
     assert contract.buffers["proposal_confidence"].shape == (2, 4, 3)

@@ -230,9 +230,10 @@ CASES = {
     "n_3": (text("hello world", 30, n=3), True),
     "n_2_chat": (chat(HELLO, 30, n=2), True),
     "batch_of_prompts": (text(["hello world", REPEATING], 30, n=2), True),
-    "logprobs": (text(REPEATING, 24, logprobs=3), False),
-    "logprobs_echo": (text("hello world", 12, logprobs=2, echo=True), False),
-    "chat_top_logprobs": (chat(HELLO, 24, logprobs=True, top_logprobs=3), False),
+    # log-probabilities speculate too (the SPECULATIVE programs' token-logprobs twins)
+    "logprobs": (text(REPEATING, 24, logprobs=3), True),
+    "logprobs_echo": (text("hello world", 12, logprobs=2, echo=True), True),
+    "chat_top_logprobs": (chat(HELLO, 24, logprobs=True, top_logprobs=3), True),
     "echo": (text("hello world", 24, echo=True), True),
     "prompt_logprobs": (text("hello world", 24, prompt_logprobs=2), True),
     "chat_prompt_logprobs": (chat(HELLO, 24, prompt_logprobs=1), True),
@@ -532,7 +533,7 @@ def test_seeded_choices_equal_single_requests_with_their_seeds(server_name, serv
 
 @pytest.mark.parametrize("server_name", [*ALONE, *ALLOCATED])
 def test_a_seeded_request_answers_the_same_beside_requests_that_change_the_rounds(server_name, servers, runner):
-    # A logprobs request makes every step plain; unseeded sampled and greedy requests speculate.
+    # A logprobs request speculates beside it (greedy); unseeded sampled and greedy requests speculate.
     server = servers[server_name]
     beside = [{**text(REPEATING, 40), "logprobs": 1}, {**text(REPEATING, 40), **SAMPLED},
               text(SAMPLED_PROMPT, 40), {**text(REPEATING, 30), **SAMPLED, "n": 3}]

@@ -20,7 +20,8 @@ PRODUCERS = CONSUMERS | {
     S.GRAPH_OPERATION_RESUME,
 }
 VERSION3_OPERATIONS = frozenset({S.GRAPH_OPERATION_SPECULATIVE, S.GRAPH_OPERATION_TUNING, S.GRAPH_OPERATION_VISION})
-LOGPROB_OPERATIONS = frozenset({S.GRAPH_OPERATION_PREFILL, S.GRAPH_OPERATION_DECODE, S.GRAPH_OPERATION_MIXED})
+LOGPROB_OPERATIONS = frozenset({S.GRAPH_OPERATION_PREFILL, S.GRAPH_OPERATION_DECODE, S.GRAPH_OPERATION_MIXED,
+                                S.GRAPH_OPERATION_SPECULATIVE})
 MAX_TOKEN_LOGPROBS = 20  # alternatives a token-logprobs graph may return per row (OpenAI's bound)
 WRITES = frozenset({S.ACCESS_MODE_WRITE, S.ACCESS_MODE_READ_WRITE})
 READS = frozenset({S.ACCESS_MODE_READ, S.ACCESS_MODE_READ_WRITE})
@@ -176,7 +177,7 @@ def _check_extras(graph: spb.GraphContract, path: str, index: ContractIndex) -> 
         require(graph.draft_cursor in index.cursors, f"{path}.draft_cursor", f"unknown completion cursor {graph.draft_cursor!r}")
     if graph.token_logprobs:
         require(graph.operation in LOGPROB_OPERATIONS, f"{path}.token_logprobs",
-                "only PREFILL, DECODE and MIXED graphs have token-logprobs variants")
+                "only PREFILL, DECODE, MIXED and SPECULATIVE graphs have token-logprobs variants")
         require(graph.token_logprobs <= MAX_TOKEN_LOGPROBS, f"{path}.token_logprobs",
                 f"at most {MAX_TOKEN_LOGPROBS} alternatives per row")
     buffers: set[str] = set()

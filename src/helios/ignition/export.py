@@ -86,9 +86,9 @@ class CapacityPlan:
     # DECODE keeps each slot's sampled token on the device, so decode rounds can occupy both
     # execution frames (the host packs round N+1 while round N runs).
     device_pending: bool = True
-    # Every PREFILL, DECODE and MIXED variant also gets its token-logprobs variant (a second
-    # program at the same capacity that returns the sampled tokens' log-probabilities; the runtime
-    # runs it only for steps holding a request that asks for them).
+    # Every PREFILL, DECODE, MIXED and SPECULATIVE variant also gets its token-logprobs variant (a
+    # second program at the same capacity that returns the sampled tokens' log-probabilities; the
+    # runtime runs it only for steps holding a request that asks for them).
     token_logprobs: bool = True
     # Vision-language checkpoints: patch capacities of the VISION programs (one image each; default:
     # the largest image the checkpoint's processor produces).

@@ -17,6 +17,8 @@ keys/values of the packed tokens. With `ProgramOptions.record_tokens` the comple
 the emitted token as its first extra column. With `ProgramOptions.token_logprobs` (a PREFILL, DECODE
 or MIXED program's logprob variant) the program also returns ``helios::token_logprobs`` of every
 row: the sampled token's log-probability and the `logprob_width` most probable ids with theirs.
+A SPECULATIVE program's logprob variant (`helios.ignition.speculative`) returns the same values
+for every token a lane emits, from the target distribution at that token's verify position.
 
 A core prepared with startup tuning (`ProgramOptions.attention_tuning`) captures DECODE as
 `TunedDecodeProgram`: it also takes ``attention_splits`` and attends with its own entry (a static
@@ -340,3 +342,4 @@ class ScoredPrefillProgram(GenerationProgram):
         # Stable sort: probability descending, id ascending on ties (helios::token_logprobs' order).
         order = torch.sort(logprobs, dim=-1, descending=True, stable=True).indices[:, :logprob_width(self.arch)]
         return torch.where(step.slot_mapping >= 0, scored, torch.zeros_like(scored)), order, logprobs.gather(1, order)
+

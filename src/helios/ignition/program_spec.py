@@ -40,6 +40,12 @@ those of DECODE (``token_ids``: the pending token, ``positions``: its position) 
 immutable ceiling) and the copied history candidates ``copied_ids`` [B, max(D, 1)],
 ``copied_counts``, ``copied_endpoints``. They draw with counters derived from the positions, so they
 take no ``counters``. Outputs: the completion record and, when D > 0, ``proposal_confidence`` [B, D].
+A SPECULATIVE token-logprobs variant then adds `LOGPROB_OUTPUTS` of every verify position:
+``token_logprob`` [B, W] (the emitted token's log-probability at each position, -inf past the
+lane's emitted tokens), ``top_token_ids`` / ``top_token_logprobs`` [B, W, K]: for emitted token j,
+exactly what a DECODE variant returns had the lane decoded tokens 0..j-1 one by one (penalty counts
+include them; the grammar mask applies at position 0 only). SPECULATIVE programs take no logit
+bias, so a lane with one never speculates.
 
 A core with a draft model (`ProgramOptions.draft`) appends the draft's weights (names prefixed
 ``draft.``) to the weight list and gives every program three more inputs, last:
@@ -84,7 +90,7 @@ LATENT_PLANES = ("latent_cache", "rope_cache")
 CONFIDENCE_OUTPUT = "proposal_confidence"
 # Outputs of a token-logprobs program (`ProgramOptions.token_logprobs`), in return order after the logits.
 LOGPROB_OUTPUTS = TOKEN_LOGPROB_OUTPUTS
-LOGPROB_OPERATIONS = frozenset({"prefill", "decode", "mixed"})  # Operation values with a logprob variant
+LOGPROB_OPERATIONS = frozenset({"prefill", "decode", "mixed", "speculative"})  # Operation values with a logprob variant
 
 
 class Operation(enum.Enum):
@@ -173,9 +179,10 @@ class ProgramOptions:
     `attention_tuning`: DECODE programs read tuned split counts (None: they call the untuned op).
     `device_pending`: DECODE programs keep each slot's last sampled token in ``pending_tokens`` and
     read it for rows whose token the host packs as -1 (a second execution frame).
-    `token_logprobs`: a PREFILL, DECODE or MIXED program also returns `LOGPROB_OUTPUTS`, the
-    ``helios::token_logprobs`` values of each row's sampled token (the logprob variant of a
-    program; the runtime runs it only for steps holding a request that asks for log-probabilities).
+    `token_logprobs`: a PREFILL, DECODE, MIXED or SPECULATIVE program also returns `LOGPROB_OUTPUTS`,
+    the ``helios::token_logprobs`` values of each row's sampled token (of each emitted token of a
+    speculative lane; the logprob variant of a program, which the runtime runs only for steps
+    holding a request that asks for log-probabilities).
     """
 
     draft: Architecture | None = None
@@ -278,7 +285,7 @@ def program_spec(arch: Architecture, operation: Operation, capacity: Capacity, p
     )
     outputs = _outputs(arch, capacity, operation, options.record_tokens)
     if options.token_logprobs:
-        outputs += _logprob_outputs(arch, capacity)
+        outputs += _logprob_outputs(arch, capacity, operation)
     return ProgramSpec(operation, capacity, page_tokens, inputs, outputs, weights, options=options)
 
 
@@ -327,9 +334,13 @@ def _tuning_spec(capacity: Capacity, page_tokens: int, options: ProgramOptions) 
     return ProgramSpec(Operation.TUNING, capacity, page_tokens, inputs, (), (), options=options)
 
 
-def _logprob_outputs(arch: Architecture, capacity: Capacity) -> tuple[OutputSpec, ...]:
-    rows, width = capacity.batch_capacity, logprob_width(arch)
-    shapes = ((rows,), (rows, width), (rows, width))
+def _logprob_outputs(arch: Architecture, capacity: Capacity,
+                     operation: Operation = Operation.DECODE) -> tuple[OutputSpec, ...]:
+    """`LOGPROB_OUTPUTS`: one entry a row, or a SPECULATIVE program's one entry a verify position [B, W]."""
+    rows, width = (capacity.batch_capacity,), logprob_width(arch)
+    if operation is Operation.SPECULATIVE:
+        rows += (capacity.verify_tokens,)
+    shapes = (rows, (*rows, width), (*rows, width))
     return tuple(OutputSpec(name, dtype, shape)
                  for name, dtype, shape in zip(LOGPROB_OUTPUTS, ("float32", "int64", "float32"), shapes))
 

@@ -20,6 +20,9 @@
    counts grow by the emitted tokens; the completion record reports offered (= length), accepted,
    emitted and the emitted ids.
 
+The token-logprobs variant (`ProgramOptions.token_logprobs`) also returns the log-probability of
+every emitted token and its most probable alternatives (`SpeculativeProgram.emitted_logprobs`).
+
 A width-one program (D = 0) draws no proposals: it is DECODE plus the draft's commit step, which
 preserves the draft context for wider rounds. Penalty counts at verification position j include
 proposals 1..j, exactly what ordinary decoding would count had they been emitted, so a draft equal
@@ -37,12 +40,13 @@ import torch
 import helios.abi.collectives  # noqa: F401  (registers helios::broadcast)
 import helios.abi.completion  # noqa: F401  (registers helios::completion_record)
 import helios.abi.speculative  # noqa: F401  (registers the speculative ops)
+import helios.abi.token_logprobs  # noqa: F401  (registers helios::token_logprobs)
 from helios.abi.rng import SAMPLE_OFFSET
 from helios.abi.sampling import split_sampling_parameters
 from helios.ignition.architecture import Architecture
 from helios.ignition.decoder import PackedStep, decoder_hidden, lm_logits, slot_mapping
 from helios.ignition.draft import DraftStorage, one_token_step, split_weights, step_logits, write_keys
-from helios.ignition.program_spec import Capacity, ProgramOptions, model_weight_layout
+from helios.ignition.program_spec import Capacity, ProgramOptions, logprob_width, model_weight_layout
 
 _OPS = torch.ops.helios
 
@@ -93,6 +97,7 @@ class SpeculativeProgram(torch.nn.Module):
         self.lane_limit = capacity.lane_limit
         self.allocates = options.allocates_prefixes
         self.record_tokens = options.record_tokens
+        self.token_logprobs = options.token_logprobs
         self.weight_names = tuple(slot.name for slot in model_weight_layout(arch, options.draft))
 
     def forward(
@@ -109,13 +114,13 @@ class SpeculativeProgram(torch.nn.Module):
         lengths = self.lengths(proposals, lanes)
         sequence = torch.cat((lanes.pending.unsqueeze(-1), proposals.tokens.clamp(min=0)), dim=1)
         target = (k_cache, v_cache, page_table[lanes.slots])
-        emitted, accepted = self.verify(target_weights, target, lanes, controls, (sequence, proposals), lengths)
+        emitted, accepted, scores = self.verify(target_weights, target, lanes, controls, (sequence, proposals), lengths)
         self.commit_draft(draft_weights, draft, lanes, sequence, accepted, lengths)
         counted = (emitted >= 0).to(output_counts.dtype)
         output_counts.index_put_((lanes.slots.unsqueeze(-1).expand_as(emitted), emitted.clamp(min=0)),
                                  counted, accumulate=True)
         record = self.record(lanes, submission, lengths, emitted, accepted)
-        return (record, proposals.confidence) if self.drafts else (record,)
+        return ((record, proposals.confidence) if self.drafts else (record,)) + scores
 
     def lanes(self, token_ids, positions, lane_tokens, request_slots, generations) -> Lanes:
         active = request_slots >= 0
@@ -178,11 +183,12 @@ class SpeculativeProgram(torch.nn.Module):
     # -- 3. verification -------------------------------------------------------------------------
 
     def verify(self, weights, target, lanes: Lanes, controls: Controls, proposed, lengths):
-        """(emitted int64 [B, W], accepted int64 [B]) after running the target over the proposals."""
+        """(emitted int64 [B, W], accepted int64 [B], scores) after running the target over the
+        proposals; `scores` is `emitted_logprobs` of a token-logprobs variant, else empty."""
         sequence, proposals = proposed
         k_cache, v_cache, table_rows = target
         step, rect = self.packed_step(sequence, lanes.start, lengths, table_rows)
-        logits = lm_logits(self.arch, weights, decoder_hidden(self.arch, weights, k_cache, v_cache, step))
+        logits = lm_logits(self.arch, weights, decoder_hidden(self.arch, weights, k_cache, v_cache, step))[rect]
         rows, width, vocab = self.rows, self.width, self.arch.vocab_size
         counts_dtype = controls.output_counts.dtype
         drafted = one_hot(proposals.tokens, vocab, counts_dtype).cumsum(dim=1, dtype=counts_dtype)
@@ -193,15 +199,33 @@ class SpeculativeProgram(torch.nn.Module):
                             controls.grammar_mask.repeat_interleave(width, dim=0),
                             controls.prompt_counts.repeat_interleave(width, dim=0), counts)
         first = (torch.arange(rows * width, device=lengths.device) % width) == 0
-        target_weights = self.sampling_weights(logits[rect], repeated, counts, repeated.grammar_mask, first)
+        target_weights = self.sampling_weights(logits, repeated, counts, repeated.grammar_mask, first)
         target_weights = target_weights.reshape(rows, width, vocab)
         counters = lanes.start + 1
-        if not self.drafts:
+        if self.drafts:
+            emitted, accepted = _OPS.verify_proposals(target_weights, proposals.tokens, proposals.weights, lengths,
+                                                      controls.seeds, counters)
+        else:
             token = _OPS.draw_weighted(target_weights[:, 0], controls.seeds, counters, SAMPLE_OFFSET)
-            emitted = torch.where(lengths > 0, token, -1).unsqueeze(-1)
-            return emitted, torch.zeros_like(lengths)
-        return _OPS.verify_proposals(target_weights, proposals.tokens, proposals.weights, lengths,
-                                     controls.seeds, counters)
+            emitted, accepted = torch.where(lengths > 0, token, -1).unsqueeze(-1), torch.zeros_like(lengths)
+        scores = self.emitted_logprobs(logits, emitted, repeated, first) if self.token_logprobs else ()
+        return emitted, accepted, scores
+
+    def emitted_logprobs(self, logits, emitted, repeated: Controls, first) -> tuple[torch.Tensor, ...]:
+        """``helios::token_logprobs`` of every emitted token, [B, W] and [B, W, K] (the outputs of a
+        token-logprobs variant, see `helios.ignition.program_spec`). Emitted token j is scored under
+        the distribution verification drew it from: the target's logits at position j, penalty
+        counts including proposals 0..j-1, the grammar mask at position 0 only - what a DECODE step
+        would score it under had the lane decoded those tokens one by one, so a request's values do
+        not depend on whether its tokens came from speculation. Positions past a lane's last emitted
+        token score -1 (-inf, as a row that samples nothing)."""
+        rows, width = self.rows, self.width
+        tokens = torch.cat((emitted, emitted.new_full((rows, width - emitted.shape[1]), -1)), dim=1)
+        penalties = repeated.params[4]
+        chosen, top_ids, top_values = _OPS.token_logprobs(
+            logits, tokens.reshape(-1), penalties, repeated.prompt_counts, repeated.output_counts,
+            repeated.grammar_mask, first, logprob_width(self.arch))
+        return chosen.reshape(rows, width), top_ids.reshape(rows, width, -1), top_values.reshape(rows, width, -1)
 
     def packed_step(self, sequence, start, lengths, table_rows) -> tuple[PackedStep, torch.Tensor]:
         """The P packed target tokens (lane b: sequence[b, :lengths[b]]) and, per (lane, position)

@@ -345,7 +345,7 @@ def _graph(name: str, variants: Sequence[ProgramResource], spec: ProgramSpec,
 
 def _logprob_width(spec: ProgramSpec) -> int:
     """The alternatives per row a token-logprobs program returns (its top-ids output's width)."""
-    return next(int(o.shape[1]) for o in spec.outputs if o.name == LOGPROB_OUTPUTS[1])
+    return next(int(o.shape[-1]) for o in spec.outputs if o.name == LOGPROB_OUTPUTS[1])
 
 
 def _weight_buffer(name: str) -> str:

@@ -29,13 +29,14 @@ program's named outputs in `StepOutput.outputs` are its static graph outputs on 
 that program is launched again (read them before the next `launch`, or use `run`). `run` is
 `finish(launch(plan))`.
 
-Token log-probabilities: a plain PREFILL, DECODE or MIXED program may have a token-logprobs twin
-(same operation and capacities, `GraphContract.token_logprobs`), which also returns each row's
-``helios::token_logprobs`` values. `launch` runs the twin instead of the planned program only when
-a sampling row of the plan belongs to a request that asks for log-probabilities (steps without
-one pay nothing), and queues the copy of those outputs to the host with the record's; `finish`
-attaches each asking row's `TokenLogprobs` (its request's number of alternatives) to its
-`RowResult`. SCORED_PREFILL programs return the same values for every row they sample.
+Token log-probabilities: a plain PREFILL, DECODE, MIXED or SPECULATIVE program may have a
+token-logprobs twin (same operation and capacities, `GraphContract.token_logprobs`), which also
+returns each row's ``helios::token_logprobs`` values (a SPECULATIVE twin's, of each emitted token).
+`launch` runs the twin instead of the planned program only when a sampling row of the plan belongs
+to a request that asks for log-probabilities (steps without one pay nothing), and queues the copy of
+those outputs to the host with the record's; `finish` attaches each asking row's `TokenLogprobs`
+(its request's number of alternatives) to its `RowResult` (`with_token_logprobs`). SCORED_PREFILL
+programs return the same values for every row they sample.
 
 `Launched` and `StepOutput` live in `helios.runtime.execution.step_output`, variant names and
 logprob twins in `helios.runtime.execution.program_variants`, the image feeder in
@@ -67,11 +68,10 @@ from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.contract.views import TOKEN_LOGPROB_OUTPUTS
 from helios.runtime.records.capacities import Operation
-from helios.runtime.records.events import TokenLogprobs
 from helios.runtime.execution.decode_results import plain_decode_results
 from helios.runtime.execution.history_storage import UnsupportedCopyError, model_storage  # noqa: F401 (re-exported)
 from helios.runtime.execution.program_variants import is_fresh_chunk, logprob_twins, program_table, variant_name
-from helios.runtime.execution.step_output import Launched, StepOutput
+from helios.runtime.execution.step_output import Launched, StepOutput, with_token_logprobs
 from helios.runtime.execution.vision_programs import image_feeder
 from helios.runtime.loading.model import LoadedModel, LoadedProgram, program_arguments
 from helios.runtime.execution.packer import Packer
@@ -197,17 +197,8 @@ class Executor:
         return StepOutput(results, launched.outputs, launched.state_launches)
 
     def _with_logprobs(self, plan: StepPlan, results: tuple[RowResult, ...], scores) -> tuple[RowResult, ...]:
-        """`results` with the `TokenLogprobs` of every emitting row whose request asks for them."""
-        chosen, top_ids, top_values = (tensor.tolist() for tensor in scores)
-        out = []
-        for index, (row, result) in enumerate(zip(plan.rows, results)):
-            count = self.packer.top_logprobs(row.request_id)
-            if count is None or len(result.token_ids) != 1:
-                out.append(result)
-                continue
-            top = tuple(zip(top_ids[index][:count], top_values[index][:count]))
-            out.append(result._replace(logprobs=(TokenLogprobs(chosen[index], top),)))
-        return tuple(out)
+        """`results` with the `TokenLogprobs` of every emitted token whose request asks for them."""
+        return with_token_logprobs(results, [self.packer.top_logprobs(row.request_id) for row in plan.rows], scores)
 
     def _frame(self, plan: StepPlan) -> torch.Tensor:
         """The plan's frame of the completion buffer as int64 records [rows, columns]."""

@@ -19,7 +19,7 @@ from helios.runtime.records.capacities import (
     ProgramVariant,
     StorageLayout,
 )
-from helios.runtime.execution.program_variants import OPERATIONS, logprob_twins, variant_name
+from helios.runtime.execution.program_variants import OPERATIONS, logprob_twins, speculates_with_logprobs, variant_name
 from helios.runtime.loading.model import LoadedModel, LoadedProgram, request_pages
 from helios.runtime.cache.window_pages import window_region_name
 
@@ -115,7 +115,8 @@ def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0)
         max_active=settings.max_concurrency, context_tokens=settings.context_tokens,
         prefill_tokens=settings.prefill_tokens, vocab_size=vocab_end, variants=variants, cache=geometry,
         input_vocab_size=model.prepared.input_range[1], queue_capacity=queue_capacity,
-        token_logprobs=logprob_width(model.programs), logit_bias_width=model.prepared.logit_bias_width,
+        token_logprobs=logprob_width(model.programs), speculative_logprobs=speculates_with_logprobs(model.programs),
+        logit_bias_width=model.prepared.logit_bias_width,
         eos_width=model.prepared.eos_width,
     )
 

@@ -12,16 +12,29 @@ from helios.runtime.records.capacities import Operation
 
 
 def logprob_twins(programs) -> dict[str, LoadedProgram]:
-    """Plain variant name -> its token-logprobs twin (same operation and capacities), over the
-    loaded programs that have one."""
-    plain = {(p.operation, p.batch_capacity, p.packed_token_capacity): variant_name(p)
-             for p in programs if not p.token_logprobs and p.speculative is None}
+    """Plain variant name -> its token-logprobs twin (same operation and capacities, a SPECULATIVE
+    program's verify width included), over the loaded programs that have one."""
+    plain = {_capacities(p): variant_name(p) for p in programs if not p.token_logprobs}
     twins = {}
     for program in programs:
-        name = plain.get((program.operation, program.batch_capacity, program.packed_token_capacity))
+        name = plain.get(_capacities(program))
         if program.token_logprobs and name is not None:
             twins[name] = program
     return twins
+
+
+def speculates_with_logprobs(programs) -> bool:
+    """Whether every loaded SPECULATIVE program has a token-logprobs twin (and some is loaded): a
+    lane that asks for log-probabilities may then speculate (the executor runs the twins)."""
+    twins = logprob_twins(programs)
+    speculative = [p for p in programs if not p.token_logprobs and p.speculative is not None]
+    return bool(speculative) and all(variant_name(p) in twins for p in speculative)
+
+
+def _capacities(program: LoadedProgram) -> tuple:
+    shape = program.speculative
+    widths = (shape.verify_tokens, shape.draft_tokens) if shape is not None else ()
+    return program.operation, program.batch_capacity, program.packed_token_capacity, widths
 
 
 def program_table(model: LoadedModel) -> dict[str, LoadedProgram]:

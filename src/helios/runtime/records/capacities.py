@@ -227,6 +227,7 @@ class Capacities:
     queue_capacity: int = 256
     stops: StopLimits = field(default_factory=StopLimits)
     token_logprobs: int = 0  # alternatives the loaded token-logprobs programs return per row (0: none loaded)
+    speculative_logprobs: bool = False  # every SPECULATIVE program has a token-logprobs twin
     logit_bias_width: int = 0  # logit-bias entries one request may hold (the programs' input width; 0: none)
     eos_width: int = 0  # EOS ids one request may hold where programs match them on the device (0: any number)
 

@@ -38,10 +38,11 @@ class RequestSpec:
     committed state for later requests (multi-turn reuse). `score_prompt` runs the prompt
     through scored prefill (no prefix reuse). `cache_salt` separates prefix-cache namespaces.
     `top_logprobs` (None: none) asks for every sampled token's log-probability and that many
-    most probable alternatives: its steps run token-logprobs programs, never speculative ones.
+    most probable alternatives: its steps run token-logprobs programs (speculative ones only where
+    every SPECULATIVE program has a token-logprobs twin; else it never speculates).
     `sampling` holds its sampling parameters and seed; `logit_bias` (token id, bias) pairs with
     distinct ids are added to its logits on the device, which speculative programs do not do, so a
-    request with a bias never speculates either. `stable_prefix_len`: prompt tokens that later
+    request with a bias never speculates. `stable_prefix_len`: prompt tokens that later
     turns of the same conversation render identically (the frontend's prefix-boundary rules; 0:
     none known); where snapshots are the only prefix reuse, the prompt's state is published there
     too, so the next turn restores it. `pinned_seed`: its seed was chosen (the request's, or a
