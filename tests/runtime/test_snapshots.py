@@ -198,10 +198,42 @@ def test_an_offloaded_state_tail_is_restored_through_a_continuation_row():
     snapshots.settle(snapshot.snapshot_id, FenceKind.RESTORE, True)
     assert snapshot.staging_rows == [] and snapshots.num_restored == 1
     snapshots.check()  # and free again once it settled
-    _, private = capture(snapshots, pool, list(range(40, 46)), Residence.HOST, owner="r1", slot=2)
-    snapshots.settle(private[0].snapshot_id, FenceKind.CAPTURE, True)
-    snapshots.hold(private[0])  # a private tail holds the slot's own rows: straight back
-    assert snapshots.restore_copies(private[0], 0, [3, 4], 2)[-1] == CopyOp(private[0].tail, Location(STATE, 2), 0)
+
+
+def test_a_preempted_requests_state_goes_to_the_host_through_a_continuation_row():
+    """A private (preemption) capture on a core with state programs keeps an offloaded snapshot's
+    contract: the slot's state rows go into a continuation row (the core's SNAPSHOT program) and
+    from there to the host tail, and come back through a continuation row (its RESTORATION
+    program), never raw; the capture's row is free again once it settles. Without a row to be had
+    the capture fails (the caller recomputes the request) and takes no host slot."""
+    pool, snapshots = store(rows=1, stateful=True, programs=True)
+    _, (snapshot, copies) = capture(snapshots, pool, list(range(6)), Residence.HOST, owner="r1", slot=2)
+    row, tail = Location(CONT, 0), Location(HOST, 1)
+    assert copies == [CopyOp(Location(PAGE, 0), Location(HOST, 0), 4), CopyOp(Location(PAGE, 1), tail, 2),
+                      CopyOp(Location(STATE, 2), row, 0), CopyOp(row, tail, 0)]
+    assert snapshot.staging_rows == [0]
+    snapshots.check()
+    pages, refused = capture(snapshots, pool, list(range(20, 26)), Residence.HOST, owner="r2", slot=1)
+    assert refused is None  # the one row is the first capture's until it settles
+    pool.release(pages)
+    snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)
+    assert snapshot.staging_rows == [] and snapshot.tail == tail
+    snapshots.check()
+    snapshots.hold(snapshot)
+    assert snapshots.can_restore(snapshot)
+    assert snapshots.restore_copies(snapshot, 0, [3, 4], 0) == [
+        CopyOp(Location(HOST, 0), Location(PAGE, 3), 4), CopyOp(tail, row, 2), CopyOp(row, Location(PAGE, 4), 2),
+        CopyOp(row, Location(STATE, 0), 0)]
+    snapshots.settle(snapshot.snapshot_id, FenceKind.RESTORE, True)
+    assert snapshots.get(snapshot.snapshot_id) is None  # consumed, its row and slots free again
+    snapshots.check()
+    _, (failed, _) = capture(snapshots, pool, list(range(30, 36)), Residence.HOST, owner="r4", slot=1)
+    snapshots.settle(failed.snapshot_id, FenceKind.CAPTURE, False)  # its plan failed: dropped, nothing kept
+    assert snapshots.get(failed.snapshot_id) is None and failed.staging_rows == []
+    snapshots.check()
+    raw_pool, without = store(rows=1, stateful=True)  # no state programs: straight to the host and back
+    _, (raw, raw_copies) = capture(without, raw_pool, list(range(6)), Residence.HOST, owner="r3", slot=2)
+    assert raw_copies[-1] == CopyOp(Location(STATE, 2), raw.tail, 0) and raw.staging_rows == []
 
 
 def offloaded(snapshots, pool, tokens):

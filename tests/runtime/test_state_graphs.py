@@ -2,7 +2,8 @@
 (tests/support/state_graphs_core.py) publishes its prompt-boundary snapshots through its SNAPSHOT
 program (the snapshot rows are the core's own state rows), a request sharing the prefix restores
 through its RESTORATION program and continues in a RESUME step, and a preempted request whose
-state was offloaded resumes through RESUME; tokens equal transformers' (a cold run)."""
+state was offloaded (through its SNAPSHOT program and a continuation row) comes back through its
+RESTORATION program and resumes through RESUME; tokens equal transformers' (a cold run)."""
 
 from __future__ import annotations
 
@@ -129,5 +130,27 @@ def test_a_snapshot_offloaded_to_the_host_restores_through_the_restoration_graph
             assert launches(runtime)["restoration"] == 1
             assert (list(warm.token_ids) == expected[1]) is not broken
             runtime.engine.scheduler.check_invariants()
+        finally:
+            runtime.close()
+
+
+def test_a_preempted_requests_offloaded_state_goes_through_the_state_programs(hybrid, expected,  # noqa: F811
+                                                                              state_core):
+    """Preemption's private snapshot keeps the contract of an offloaded published one: the slot's
+    state reaches the host through the SNAPSHOT program (staged in a continuation row) and comes
+    back through the RESTORATION program, never raw. Prefix caching is off, so every state copy is
+    preemption's; the broken RESTORATION program (which restores nothing) then changes the tokens."""
+    for path, broken in ((state_core, False), (_write(hybrid, "broken_preempted.core", broken=True), True)):
+        runtime = state_runtime(hybrid, path, num_pages=17, host_pages=32,
+                                policy=SchedulerPolicy(preemption=PreemptionMode.OFFLOAD, prefix_caching=False))
+        try:
+            results = generate(runtime.engine, PROMPTS, STEPS)
+            scheduler = runtime.engine.scheduler
+            assert scheduler.counters().preemptions > 0
+            counts = launches(runtime)
+            assert counts.get("snapshot", 0) > 0 and counts.get("restoration", 0) > 0
+            assert ([list(r.token_ids) for r in results] == expected) is not broken
+            scheduler.check_invariants()
+            assert scheduler.cache.snapshots.snapshots() == []  # every private snapshot was consumed
         finally:
             runtime.close()

@@ -13,9 +13,11 @@ tail copies those bytes to a host slot as they are, so its restore copies them i
 row first and restores the slot's state rows from there (through the core's RESTORATION program,
 like a device snapshot's), not from the host slot directly; that row is held until the snapshot's
 restores in flight settle. While no continuation row can be had (`can_restore`), such a snapshot
-is not restored (the request computes its prefix instead). A private snapshot's host tail was
-copied from the slot's state rows directly, and a core without state programs keeps raw state
-rows in both, so they go straight back.
+is not restored (the request computes its prefix instead). A preempted request's private snapshot
+keeps the same contract: its capture runs the slot's state rows through the SNAPSHOT program into a
+continuation row (held until the capture settles) and copies that row to its host tail, so it is
+restored the same way; with no continuation row to be had, the capture fails (the request is
+recomputed). A core without state programs keeps raw state rows in both, so they go straight back.
 
 Byte copies are requested as `CopyOp`s that travel in a plan; the scheduler reports each plan's
 outcome through `settle`. A snapshot being written (capture or offload) is unusable until its
@@ -94,8 +96,9 @@ class Snapshot:
     doomed: bool = False
     fenced_pages: list[int] = field(default_factory=list)
     pending_slots: list[int] = field(default_factory=list)
-    offloaded: bool = False  # its tail moved from a continuation row to a host slot (`offload`)
-    staging_rows: list[int] = field(default_factory=list)  # continuation rows its restores in flight copy through
+    offloaded: bool = False  # its host tail holds a continuation row's bytes (`offload`, or a staged private capture)
+    # continuation rows its capture (a staged private one) or its restores in flight copy through
+    staging_rows: list[int] = field(default_factory=list)
 
     @property
     def endpoint(self) -> int:
@@ -146,13 +149,20 @@ class SnapshotStore:
         num_complete, partial = divmod(len(token_ids), page_tokens)
         require(len(pages) == num_complete + (partial > 0), "capture pages do not cover the endpoint")
         has_tail = self.needs_tail(len(token_ids))
+        staging: list[int] = []
         if residence == Residence.DEVICE:
             ids = self._take(self._rows, int(has_tail), Residence.DEVICE)
         else:
             ids = self._take(self._host, num_complete + int(has_tail), Residence.HOST)
+            if ids is not None and has_tail and self._through_programs:  # (module docstring)
+                staging = self._take(self._rows, 1, Residence.DEVICE)
+                if staging is None:
+                    self._host.give(ids)
+                    return None
         if ids is None:
             return None
-        snapshot = Snapshot(self._new_id(), token_ids, key, owner, residence, writing=True)
+        snapshot = Snapshot(self._new_id(), token_ids, key, owner, residence, writing=True,
+                            offloaded=bool(staging), staging_rows=staging)
         copies: list[CopyOp] = []
         if residence == Residence.HOST:
             snapshot.host_slots = ids[:num_complete]
@@ -166,18 +176,25 @@ class SnapshotStore:
             kind = StorageKind.CONTINUATION if residence == Residence.DEVICE else StorageKind.HOST
             snapshot.tail = Location(kind, ids[-1])
             copies.extend(self._tail_copies(pages[num_complete] if partial else -1, partial,
-                                            snapshot.tail, state_slot))
+                                            snapshot.tail, state_slot, staging))
         self._snapshots[snapshot.snapshot_id] = snapshot
         if owner is None:
             self._index.setdefault(key, set()).add(snapshot.snapshot_id)
         return snapshot, copies
 
-    def _tail_copies(self, page: int, partial: int, tail: Location, state_slot: int) -> list[CopyOp]:
+    def _tail_copies(self, page: int, partial: int, tail: Location, state_slot: int,
+                     staging: list[int]) -> list[CopyOp]:
+        """The partial page and the slot's state rows into `tail`; the state through the
+        continuation row `staging` names, if any (the SNAPSHOT program writes it, then its bytes
+        go to the host tail: only its state part, the partial page went directly)."""
         copies = []
         if partial:
             copies.append(CopyOp(_page(page), tail, partial))
         if not self._layout.pages_capture_state:
-            copies.append(CopyOp(Location(StorageKind.STATE, state_slot), tail, 0))
+            row = Location(StorageKind.CONTINUATION, staging[0]) if staging else tail
+            copies.append(CopyOp(Location(StorageKind.STATE, state_slot), row, 0))
+            if staging:
+                copies.append(CopyOp(row, tail, 0))
         return copies
 
     def _take(self, pool: IdPool, count: int, residence: Residence) -> list[int] | None:
@@ -207,6 +224,8 @@ class SnapshotStore:
             snapshot.writing = False
             self._pool.release(snapshot.fenced_pages)
             snapshot.fenced_pages = []
+            self._rows.give(snapshot.staging_rows)  # a staged capture's row (no restore reads it yet)
+            snapshot.staging_rows = []
             if kind == FenceKind.CAPTURE:
                 self._settle_capture(snapshot, ok)
             else:
@@ -313,9 +332,15 @@ class SnapshotStore:
             self._lru.move_to_end(snapshot.snapshot_id)
         return copies
 
+    @property
+    def _through_programs(self) -> bool:
+        """Whether slot state reaches a host tail and comes back only through a continuation row
+        (the core's SNAPSHOT and RESTORATION programs address those rows: module docstring)."""
+        return self._layout.restores_through_programs and not self._layout.pages_capture_state
+
     def _stages(self, snapshot: Snapshot) -> bool:
         """Whether restoring `snapshot` copies its tail into a continuation row first (module docstring)."""
-        return snapshot.offloaded and self._layout.restores_through_programs and not self._layout.pages_capture_state
+        return snapshot.offloaded and self._through_programs
 
     def can_restore(self, snapshot: Snapshot) -> bool:
         """Whether `restore_copies` can restore `snapshot` now: one that stages its tail needs a

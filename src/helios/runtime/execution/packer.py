@@ -17,7 +17,7 @@ packer keeps each request's history - its prompt plus every emission the executo
 history ends exactly at their pending token; otherwise every lane gets zero candidates.
 PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
 invalidates everything remembered for the slot), whichever graph's step admits it, and page tables receive only the entries new
-since the last upload. Persistent-state rows a program writes are zeroed at admission
+since the last upload. The state views a program writes are zeroed in an admitted slot's rows
 (`reset_admitted`, which the executor calls before the plan's restores), unless the core has an
 INITIALIZATION graph: the executor then runs it over the admitted rows instead. A
 request with a penalty that is admitted again with outputs (readmitted after preemption) gets its
@@ -112,6 +112,10 @@ class Packer:
             raise UnsupportedBindingError("the core binds host-table rows but no host staging was given")
         self._elsewhere = {name: admission_elsewhere(self._bindings, name) for name in self._bindings}
         self._written_state = {name: written_state(prepared, name) for name in prepared.graphs}
+        # The state views each graph writes, with their byte geometry (`_reset_state` zeroes them).
+        writes = {S.ACCESS_MODE_WRITE, S.ACCESS_MODE_READ_WRITE}
+        self._written_views = {name: tuple(a for a in graph.accesses if a.mode in writes)
+                               for name, graph in prepared.graphs.items()}
         # A core with an INITIALIZATION graph initializes admitted slots itself (the executor runs it).
         self._initializes = bool(prepared.graphs_for(S.GRAPH_OPERATION_INITIALIZATION))
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
@@ -355,7 +359,7 @@ class Packer:
         return view.buffer
 
     def reset_admitted(self, graph: str, plan: StepPlan) -> None:
-        """Zeroes the persistent-state rows `graph` writes for every slot `plan` admits, unless the
+        """Zeroes the state views `graph` writes in every slot `plan` admits (`_reset_state`), unless the
         core has an INITIALIZATION graph (the executor runs it instead). Not part of `pack`: the
         executor calls it where it would initialize the rows, before the plan's copies into slot
         state rows (a restore, which a reset after it would clear) and after those before them (a
@@ -367,10 +371,18 @@ class Packer:
                 self._reset_state(graph, row.slot)
 
     def _reset_state(self, graph: str, slot: int) -> None:
-        rows = slice(slot * self._state_rows, (slot + 1) * self._state_rows)
-        for name in self._written_state[graph]:
-            self._kept.forget(name)
-            self._buffers[name][rows].zero_()
+        """Zeroes the bytes of every state view `graph` writes in the slot's state rows: a view is
+        bytes [byte_offset, byte_offset + byte_extent) of each row (a buffer's rows are its first
+        dimension, `row_stride` bytes apart), so views sharing a buffer keep each other's bytes. A
+        whole-buffer view (no row stride: a global counter, say) belongs to no slot and is kept."""
+        first = slot * self._state_rows
+        for view in self._written_views[graph]:
+            self._kept.forget(view.buffer)
+            if not view.row_stride:
+                continue
+            rows = self._buffers[view.buffer][first:first + self._state_rows]
+            row_bytes = rows.view(rows.shape[0], -1).view(torch.uint8)
+            row_bytes[:, view.byte_offset:view.byte_offset + view.byte_extent].zero_()
 
     def _fill(self, binding, target, rows: Sequence[PlanRow], requests, masks, touched) -> None:
         """`touched`: the (row, request) pairs that admit a slot or gain pages (nothing to write

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 class PreemptionMode(enum.IntEnum):
     RECOMPUTE = 1  # drop the victim's pages (complete ones stay cached) and recompute later
-    OFFLOAD = 2  # checkpoint the victim to host slots and restore it later; recompute if short
+    # checkpoint the victim to host slots and restore it later; recompute if short (of host slots, or on a
+    # core with state programs of a continuation row its state goes through: `helios.runtime.cache.snapshots`)
+    OFFLOAD = 2
 
 
 @dataclass(frozen=True)
