@@ -3,8 +3,9 @@ transformers: `SpaceCleanup` streams transformers' own ``clean_up_tokenization``
 split, and an `IncrementalDetokenizer` that cleans streams deltas whose concatenation is what
 ``AutoTokenizer.from_pretrained(...).decode(ids)`` returns for a tokenizer that transformers cleans
 (a WordLevel one here, of ``▁`` words: " '" is held until the next token shows whether " ' " follows).
-Text completions' ``text_offset`` index the cleaned text, a stop cut in held text keeps the entries of
-the tokens it shows, and a stop ending in a stray byte's U+FFFD sees a held space before it."""
+Text completions' ``text_offset`` index the cleaned text (also where a lone space token is removed
+once a later token decides, in the JSON body and in a stream), a stop cut in held text keeps the
+entries of the tokens it shows, and a stop ending in a stray byte's U+FFFD sees a held space before it."""
 
 from __future__ import annotations
 
@@ -169,6 +170,26 @@ def test_removed_counts_the_cleaned_characters_before_the_push(pieces):
         kept = _kept_origins(pushed + piece)
         assert cleanup.num_removed == len(pushed) - sum(origin < len(pushed) for origin in kept)
         pushed += piece
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.lists(st.sampled_from(PIECES), max_size=4).map("".join), min_size=1, max_size=12))
+def test_removed_before_is_the_whole_texts_count_once_decided(pieces):
+    """`removed_before(position)` after each push: the characters before `position` that the cleanup
+    of the whole text removes, or None while it holds one of them; after `flush`, known everywhere."""
+    whole = "".join(pieces)
+    kept = _kept_origins(whole)
+    cleanup, num_pushed = SpaceCleanup(), 0
+    for piece in pieces:
+        cleanup.push(piece)
+        num_pushed += len(piece)
+        for position in range(num_pushed + 1):
+            removed = cleanup.removed_before(position)
+            assert removed in (None, position - sum(origin < position for origin in kept))
+        assert cleanup.removed_before(0) == 0
+    cleanup.flush()
+    assert [cleanup.removed_before(p) for p in range(len(whole) + 1)] == [
+        p - sum(origin < p for origin in kept) for p in range(len(whole) + 1)]
 
 
 def _text_completion_offsets(tokenizer: Tokenizer, ids: list[int]) -> tuple[str, list[int]]:
@@ -349,3 +370,81 @@ def test_an_echoed_id_prompt_keeps_each_tokens_part_of_the_cleaned_text(word_lev
     parts = parts_of(choice["text"], choice["logprobs"]["text_offset"])[:len(ids)]
     assert choice["text"].startswith(echo) and "".join(parts) == echo
     assert parts[:8] == ["Hello", ",", " world", ".", " I", " do", "n't", " know"]
+
+
+# --- a lone space token that the cleanup removes ----------------------------------------------------
+
+
+def _embedded_tokenizer() -> Tokenizer:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    return Tokenizer.from_file(str(root / "src/helios/embedded/default_model/tokenizer.json"))
+
+
+def _streamed_offsets(tokenizer: Tokenizer, ids: list[int], stops: tuple[str, ...] = ()):
+    """The text, the JSON body's ``text_offset`` and a stream's (each step's entries placed as its
+    chunk places them, the rest at the end) of output `ids` on a cleaning core."""
+    from helios.frontend.decoding.logprobs import TextOffsets, TokenTexts, text_logprobs
+    from helios.frontend.decoding.observation import ObservationOptions
+    from helios.frontend.decoding.stops import StopOptions
+    from helios.frontend.parsers.pipeline import OutputPipeline, PlainText
+    from helios.frontend.responses.output import OutputProcessor
+    from helios.runtime.records.events import FinishReason, TokenLogprobs
+
+    output = OutputProcessor(IncrementalDetokenizer(tokenizer, skip_special_tokens=False, clean_up_spaces=True),
+                             OutputPipeline(PlainText()), StopOptions(strings=stops).new_matcher() if stops else None,
+                             [], ObservationOptions(), [], None, TokenTexts(tokenizer))
+    stream, streamed, events = TextOffsets(), [], []
+    for token_id in ids:
+        step = output.feed(token_id, None, TokenLogprobs(-1.0, ()))
+        events += step.events
+        streamed += text_logprobs(step.logprobs, stream)["text_offset"]
+        if step.is_stopped:
+            break
+    final = output.finish(FinishReason.LENGTH)
+    streamed += text_logprobs(final.logprobs[len(streamed):], stream)["text_offset"]
+    text = "".join(event.text for event in events + list(final.events))
+    return text, text_logprobs(final.logprobs)["text_offset"], streamed
+
+
+def test_a_removed_lone_space_token_moves_the_offsets_after_it():
+    """A lone space token (byte-level "Ġ") that a later token shows the cleanup removes (" 's" reads
+    "'s", " n't" reads "n't"): the token after the space starts where the space was, in the JSON body
+    and in a stream. Its offset was placed while the cleanup still held the space (as if kept), one
+    past its text ([0, 1, 1] for "'s"); its entry now waits for the text that decides."""
+    tokenizer = _embedded_tokenizer()
+
+    def ids(*texts):
+        return [tokenizer.token_to_id(text) for text in texts]
+
+    assert _streamed_offsets(tokenizer, ids("Ġ", "'", "s")) == ("'s", [0, 0, 1], [0, 0, 1])
+    assert _streamed_offsets(tokenizer, ids("x", "Ġn", "'", "t")) == ("xn't", [0, 1, 2, 3], [0, 1, 2, 3])
+    assert _streamed_offsets(tokenizer, ids("x", "Ġ", "'", "Ġ", "s")) == ("x's", [0, 1, 1, 2, 2], [0, 1, 1, 2, 2])
+    assert _streamed_offsets(tokenizer, ids("x", "Ġ", "'")) == ("x '", [0, 1, 2], [0, 1, 2])  # kept at the end
+
+
+CLEANED_WORDS = [" ", "'", "s", " n't", " 're", "m", ".", "?", ",", "x", "é"]  # lone spaces, pieces of each pattern
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_random_byte_level_offsets_start_each_token_in_the_cleaned_text(data):
+    """Random outputs of a byte-level tokenizer's tokens around the cleaned patterns (lone spaces, a
+    stray byte), with and without a stop: each listed token's offset, in the JSON body and in a stream,
+    is where its text starts in the cleaned text (the characters before it that the cleanup keeps)."""
+    tokenizer = _embedded_tokenizer()
+    pool = sorted({i for word in CLEANED_WORDS for i in tokenizer.encode(word, add_special_tokens=False).ids} | {104})
+    ids = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=10))
+    raw = tokenizer.decode(ids, skip_special_tokens=False)
+    whole = reference_cleanup(raw)
+    stops = ()
+    if data.draw(st.booleans()):
+        start = data.draw(st.integers(0, len(whole) - 1))
+        stops = (whole[start:start + data.draw(st.integers(1, 3))],)
+    text, offsets, streamed = _streamed_offsets(tokenizer, ids, stops)
+    assert text == (whole[:whole.find(stops[0])] if stops else whole)
+    kept = _kept_origins(raw)
+    starts = [sum(origin < len(tokenizer.decode(ids[:count], skip_special_tokens=False)) for origin in kept)
+              for count in range(len(ids))]
+    assert offsets == streamed == starts[:len(offsets)]

@@ -53,6 +53,7 @@ deltas through `SpaceCleanup`: the concatenation of the deltas is then that clea
 
 from __future__ import annotations
 
+import bisect
 import codecs
 from typing import Protocol, Sequence
 
@@ -102,17 +103,35 @@ class SpaceCleanup:
     left-to-right scan would take whole. A replacement keeps some characters of its pattern and
     removes the others (the leading space, and the last one of " ' "), so each output character is
     an input character: `num_removed` counts the removed ones (a text's offsets into the cleaned
-    text). Mutates only its own state; `copy` for a look-ahead."""
+    text), and `removed_before` the removed ones before a position once no later input changes
+    them (each held character's position in the input is kept with it). Mutates only its own
+    state; `copy` for a look-ahead."""
 
     def __init__(self, held: Sequence[str] = ("",) * len(CLEANUP_REPLACEMENTS)):
         self._held = list(held)  # per link: its input not yet passed on
+        self._held_at: list[list[int]] = [list(range(len(text))) for text in held]  # their input positions
+        self._removed_at: list[int] = []  # the input positions of the removed characters, ascending
         self._num_in = 0  # characters pushed
         self._num_out = 0  # characters passed on
         self.num_removed = 0  # see `push`
         self.num_carried = 0  # see `push`
 
     def copy(self) -> "SpaceCleanup":
+        """A look-ahead: the same held text, positions counted from its start."""
         return SpaceCleanup(self._held)
+
+    @property
+    def num_pushed(self) -> int:
+        """Characters pushed so far (the input position of the next push's text)."""
+        return self._num_in
+
+    def removed_before(self, position: int) -> int | None:
+        """How many of the input's first `position` characters the cleanup removes, or None while
+        it may still change (it holds one of them: the text after it decides)."""
+        held = [at[0] for at in self._held_at if at]
+        if held and position > min(held):
+            return None
+        return bisect.bisect_left(self._removed_at, position)
 
     def push(self, text: str) -> str:
         """The cleaned text that no later input changes. Sets `num_removed`: how many characters of
@@ -122,10 +141,13 @@ class SpaceCleanup:
         num_before = 0  # characters at the start of the link's new input that were pushed before `text`
         tails = []  # per link: its held text and how many of its characters were pushed before `text`
         num_in, out = len(text), text
+        out_at = list(range(self._num_in, self._num_in + num_in))
         for index, (old, new) in enumerate(CLEANUP_REPLACEMENTS):
             held = self._held[index]
             if out or held:
-                out, held, num_before, held_before = _replace_held(held + out, old, new, len(held) + num_before)
+                link_in = held + out
+                out, held, num_before, held_before = _replace_held(link_in, old, new, len(held) + num_before)
+                out_at = self._track(index, link_in, out_at, len(held))
             else:
                 held_before = 0
             self._held[index] = held
@@ -139,11 +161,33 @@ class SpaceCleanup:
 
     def flush(self) -> str:
         """The end of the input: every held text, cleaned."""
-        text = ""
+        text, text_at = "", []
         for index, (old, new) in enumerate(CLEANUP_REPLACEMENTS):
+            text_at = self._track(index, self._held[index] + text, text_at, 0)
             text, self._held[index] = (self._held[index] + text).replace(old, new), ""
         self._num_out += len(text)
         return text
+
+    def _track(self, index: int, text: str, new_at: list[int], num_held: int) -> list[int]:
+        """Link `index` took `text` (its held text, then new input at positions `new_at`) and holds
+        its last `num_held` characters: records the positions of the characters it removes (those
+        of each occurrence of its pattern that the replacement drops) and of those it holds; returns
+        the positions of those it passes on."""
+        old, new = CLEANUP_REPLACEMENTS[index]
+        text_at = self._held_at[index] + new_at
+        kept_end = len(text) - num_held
+        self._held_at[index] = text_at[kept_end:]
+        found = text.find(old)
+        if found < 0:
+            return text_at[:kept_end]
+        removed = set()
+        while found >= 0:
+            removed.add(found)
+            removed.update(range(found + 1 + len(new), found + len(old)))
+            found = text.find(old, found + len(old))
+        for offset in removed:
+            bisect.insort(self._removed_at, text_at[offset])
+        return [position for offset, position in enumerate(text_at[:kept_end]) if offset not in removed]
 
 
 def _kept_at_end(tails: Sequence[tuple[str, int]]) -> int:
@@ -219,6 +263,7 @@ class IncrementalDetokenizer:
         # the last feed's delta before the space cleanup: the text of its ids in context (log-probability
         # offsets count it, less `num_removed`, as the cleanup moves text held back to a later delta)
         self.uncleaned_delta = ""
+        self.delta_start = 0  # characters of text before the last feed's uncleaned_delta (with the cleanup)
         self._num_carried = 0
 
     def _usable_context(self, context_ids: Sequence[int]) -> list[int]:
@@ -328,6 +373,7 @@ class IncrementalDetokenizer:
         text = self.uncleaned_delta = self._feed(token_id)
         if self._cleanup is None:
             return text
+        self.delta_start = self._cleanup.num_pushed
         text = self._cleanup.push(text)
         self._num_carried = self._cleanup.num_carried
         return text
@@ -337,6 +383,17 @@ class IncrementalDetokenizer:
         """How many characters of the text before the last feed's `uncleaned_delta` the space cleanup
         removes, as far as it knows (text it holds read as if the output ended there); 0 without it."""
         return 0 if self._cleanup is None else self._cleanup.num_removed
+
+    @property
+    def cleans_spaces(self) -> bool:
+        """Whether the deltas are transformers' tokenization-space cleanup of the text."""
+        return self._cleanup is not None
+
+    def removed_before(self, position: int) -> int | None:
+        """How many of the first `position` characters of the text before the cleanup (the deltas'
+        `uncleaned_delta`, joined) the space cleanup removes, None while later text can still change
+        that (it holds a space among them); 0 without the cleanup."""
+        return 0 if self._cleanup is None else self._cleanup.removed_before(position)
 
     @property
     def num_carried(self) -> int:

@@ -170,7 +170,8 @@ class LogprobEntry:
     differently (SentencePiece's ``▁`` reads as a leading space except at the start); `settled`: no
     character was left open after it (its `shown` then holds the text of every token since the last
     settled one). On a core that cleans up tokenization spaces, `shown` is the text before the cleanup
-    and `removed` the number of characters before it that the cleanup removes (as known then)."""
+    and `removed` the number of characters before it that the cleanup removes (final once the output
+    hands the entry on, `OutputProcessor`; as known when it was made before that)."""
 
     token_id: int
     text: str
@@ -261,10 +262,9 @@ class TextOffsets:
     On a core that cleans up tokenization spaces (" ." reads "."), the characters above are those of
     the text before the cleanup, and a token's offset leaves out those the cleanup removes before it
     (`LogprobEntry.removed`; the cleanup holds a space back until the text after it decides, so the
-    token after " '" starts one character later than the text that token's step showed). Where the
-    cleanup decides only later (a space before an open byte run), an offset counts the space, and a
-    later token never starts before it. One per response (a stream's chunks share it); mutable, used
-    by one thread."""
+    token after " '" starts one character later than the text that token's step showed, and the
+    output hands an entry on once the text after it has decided), and a later token never starts
+    before an earlier one. One per response (a stream's chunks share it); mutable, used by one thread."""
 
     def __init__(self, start: int = 0):
         self._num_chars = start  # characters of complete text so far

@@ -27,6 +27,8 @@ A request that asks for log-probabilities (built with `TokenTexts`) passes each 
 the step that hands that text on (a later one when a stop matcher held the text back), or in the
 final record's entries alone when the text is flushed at the end; a token whose whole text a stop
 hides gets no entry (one the stop cuts keeps its entry), so the entries are those of the text returned.
+On a core that cleans up tokenization spaces, an entry also waits for the text that decides whether
+the cleanup removes a space before its token (`_hand_on`), so its offset counts the text returned.
 
 A request run through scored prefill (`PromptScoring`) gets its prompt tokens' scores through
 `score_prompt` before its first token; the first step fed after them (or the final record) carries
@@ -247,6 +249,10 @@ class OutputProcessor:
         self._timestamps_ns: list[int] = []
         self._token_texts = token_texts  # None: the request asks for no log-probabilities
         self._logprobs: list[LogprobEntry] = []
+        # Space cleanup: entries handed on whose `removed` it has not decided (held until it does), and
+        # each entry made so far with where its token's text starts in the text before the cleanup.
+        self._undecided: deque[LogprobEntry] = deque()
+        self._entry_starts: deque[tuple[LogprobEntry, int]] = deque()
         self._prompt_scoring = prompt_scoring
         self._prompt_entries: list[LogprobEntry] | None = None
         self._is_prompt_pending = prompt_scoring is not None and prompt_scoring.scores  # not yet on a step
@@ -312,8 +318,7 @@ class OutputProcessor:
         elif self._string_stops is not None:
             text = self._stop_ahead_text()
         if self._stops is None:
-            self._logprobs.extend(entry)
-            return OutputStep(observation, tuple(self._parse([(token_id, text)])), False, entry)
+            return OutputStep(observation, tuple(self._parse([(token_id, text)])), False, self._hand_on(entry))
         result = self._stops.feed(token_id, text)
         self._pending.push(token_id, text, entry, self._detokenizer.num_carried)
         segments, entries = self._pending.release(len(result.emit_text))
@@ -322,8 +327,7 @@ class OutputProcessor:
             segments += cut
             entries += cut_entries
             self._is_ended = self._is_stopped = True
-        self._logprobs.extend(entries)
-        return OutputStep(observation, tuple(self._parse(segments)), result.matched, tuple(entries))
+        return OutputStep(observation, tuple(self._parse(segments)), result.matched, self._hand_on(entries))
 
     def _stop_ahead_text(self) -> str:
         """The text the detokenizer holds (an open character at its end) that no later id changes,
@@ -356,8 +360,7 @@ class OutputProcessor:
             self._held.clear()
             segments.append((NOT_A_TOKEN, self._detokenizer.finish()))
             self._is_ended = self._is_stopped = True
-        self._logprobs.extend(entries)
-        return OutputStep(observation, tuple(self._parse(segments)), matched, tuple(entries))
+        return OutputStep(observation, tuple(self._parse(segments)), matched, self._hand_on(entries))
 
     def _detokenize_held(self, count: int) -> tuple[list[Segment], list[LogprobEntry]]:
         """Detokenizes the first `count` held ids, each with its log-probability entry."""
@@ -376,8 +379,38 @@ class OutputProcessor:
             return ()
         detokenizer = self._detokenizer
         settled = detokenizer.num_pending_tokens == 0
-        return (self._token_texts.entry(token_id, logprobs, shown=detokenizer.uncleaned_delta, settled=settled,
-                                        removed=detokenizer.num_removed),)
+        entry = self._token_texts.entry(token_id, logprobs, shown=detokenizer.uncleaned_delta, settled=settled,
+                                        removed=detokenizer.num_removed)
+        if detokenizer.cleans_spaces:
+            self._entry_starts.append((entry, detokenizer.delta_start))
+        return (entry,)
+
+    def _hand_on(self, entries: Sequence[LogprobEntry], is_end: bool = False) -> tuple[LogprobEntry, ...]:
+        """The entries to hand on now: `entries` (the next ones, in order) after those held before
+        them, up to the first whose `removed` the space cleanup has not decided. The text after a
+        held space decides whether the cleanup removes it (" 's" reads "'s"), and with it where every
+        later token starts in the cleaned text: an entry handed on before that (on a chunk of its
+        own) counted the space, its ``text_offset`` one past its text. Each is handed on with the
+        final count; at the end (`is_end`) all are, those not decided (text past a stop the cleanup
+        still holds) with the count as known when they were made."""
+        if not self._detokenizer.cleans_spaces:
+            self._logprobs.extend(entries)
+            return tuple(entries)
+        self._undecided.extend(entries)
+        out = []
+        while self._undecided:
+            entry = self._undecided[0]
+            while self._entry_starts[0][0] is not entry:  # entries a stop dropped
+                self._entry_starts.popleft()
+            removed = self._detokenizer.removed_before(self._entry_starts[0][1])
+            if removed is None and not is_end:
+                break
+            self._undecided.popleft()
+            self._entry_starts.popleft()
+            is_kept = removed is None or removed == entry.removed
+            out.append(entry if is_kept else dataclasses.replace(entry, removed=removed))
+        self._logprobs.extend(out)
+        return tuple(out)
 
     def finish(self, reason: FinishReason, reused_prompt_tokens: int = 0) -> OutputFinal:
         """Ends the output with the engine's reason (a matched stop makes it STOP) and flushes."""
@@ -385,6 +418,7 @@ class OutputProcessor:
             raise ValueError("finish called twice")
         self._is_finished = True
         segments = [] if self._is_stopped else self._flush()
+        self._hand_on((), is_end=True)
         events = self._parse(segments) + self._pipeline.finish()
         if self._is_stopped and reason not in (FinishReason.ERROR, FinishReason.REJECTED):
             reason = FinishReason.STOP
@@ -398,7 +432,7 @@ class OutputProcessor:
         """Held text at EOS or the output limit; a stop may still complete in the detokenizer's tail."""
         if self._token_stops is not None:  # no stop matched: the held ids' text, then the tail
             segments, entries = self._detokenize_held(len(self._held))
-            self._logprobs.extend(entries)
+            self._hand_on(entries)
             return segments + [(NOT_A_TOKEN, self._detokenizer.finish())]
         tail = self._detokenizer.finish()
         if self._stops is None:
@@ -414,7 +448,7 @@ class OutputProcessor:
             rest, rest_entries = self._pending.release_all()
             segments += rest
             entries += rest_entries
-        self._logprobs.extend(entries)
+        self._hand_on(entries)
         return segments
 
     def _parse(self, segments: list[Segment]) -> list[Event]:

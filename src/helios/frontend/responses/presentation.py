@@ -22,8 +22,10 @@ Pure data in, plain dicts and bytes out; the server only writes them. Shapes:
   terminal choice chunk) ``usage``, ``reused_prompt_tokens`` and, when timed, the ``performance``
   object (``ingress_ns``, ``enqueue_ns``, ``reused_prompt_tokens``);
 - log-probabilities (requests that ask, `helios.frontend.decoding.logprobs`): ``choices[0].logprobs`` of
-  the JSON body holds every entry; in a stream, each token's entry rides on the first chunk that
-  step produces (a step that shows no text yet gets a chunk of its own, ``delta={}`` or ``text=""``);
+  the JSON body holds every entry; in a stream, each token's entry rides on the first chunk of the
+  step that hands it on (its own step, or a later one where the output waits for the space cleanup
+  to decide, `helios.frontend.responses.output`; a step that shows no text yet gets a chunk of its
+  own, ``delta={}`` or ``text=""``);
   text streams count ``text_offset`` across chunks; a stream that sends no entry (EOS or a stop
   came first) has an empty ``logprobs`` object on its terminal chunk, as the JSON body has;
 - finish reasons: EOS -> ``stop`` (``tool_calls`` when the output made calls), user stop ->
