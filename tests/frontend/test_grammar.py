@@ -505,3 +505,18 @@ def test_a_bounded_reasoning_section_must_close_after_its_budget(compiler, deeps
     unopened = compiler.compile(SCHEMA_ANSWER, envelope(ReasoningState.UNOPENED, think, budget=2))
     assert all(unopened.consume_token(t) for t in [think[0], *ids_of(deepseek_tokenizer, "one two")])
     assert allowed(unopened.bitmask(), deepseek_tokenizer.get_vocab_size()).tolist() == [think[1]]
+
+
+@pytest.mark.parametrize("state", [ReasoningState.OPEN, ReasoningState.UNOPENED])
+def test_a_text_close_delimiter_ends_a_budgeted_reasoning_section_where_it_is_written(compiler, deepseek_tokenizer,
+                                                                                     state):
+    """With a close delimiter spelled as text and a reasoning budget (every structured answer-only
+    request has one), the bounded text lexeme swallowed the delimiter the model wrote: the section
+    ran on to its budget, so the answer written after the delimiter was reasoning, and the grammar
+    then forced the delimiter again before another answer."""
+    text_envelope = ReasoningEnvelope(state, "[think]", "[/think]", budget=20)
+    matcher = compiler.compile(regex("[0-9]+"), text_envelope)
+    opener = "[think]" if state is ReasoningState.UNOPENED else ""
+    steps = ids_of(deepseek_tokenizer, opener + "count [/", "think]", "42")
+    assert all(matcher.consume_token(t) for t in steps), matcher.error
+    assert matcher.is_accepting

@@ -77,6 +77,46 @@ def test_a_range_llguidance_writes_wrongly_is_refused_naming_its_keyword(schema,
     assert shape_error(request(schema)).startswith(keyword.replace("\\", ""))
 
 
+def draft4(low: float, low_exclusive: bool, high: float, high_exclusive: bool) -> dict:
+    """A number range in draft 4's spelling: boolean exclusiveMinimum/exclusiveMaximum beside the bounds."""
+    return {"type": "number", "minimum": low, "exclusiveMinimum": low_exclusive, "maximum": high,
+            "exclusiveMaximum": high_exclusive}
+
+
+def test_draft4_exclusive_ranges_admit_only_numbers_inside_them(compiler, deepseek_tokenizer):
+    """Draft 4's boolean ``exclusiveMinimum: true`` makes ``minimum`` exclusive, and llguidance
+    honours it, writing the same ranges wrongly: ``{"minimum": 0, "exclusiveMinimum": true,
+    "maximum": 0.5}`` took ``0``, as the check looked only at numeric exclusive bounds."""
+    outside = []
+    for low, high in itertools.combinations(BOUNDS, 2):
+        for low_x, high_x in itertools.product((False, True), repeat=2):
+            schema = draft4(low, low_x, high, high_x)
+            try:
+                matcher = compiler.compile(request(schema))
+            except GrammarError:
+                continue
+            for text in NUMBERS:
+                number, probe = Decimal(text), matcher.fork()
+                ids = deepseek_tokenizer.encode(text, add_special_tokens=False).ids
+                is_inside = (number > Decimal(str(low)) if low_x else number >= Decimal(str(low))) and (
+                    number < Decimal(str(high)) if high_x else number <= Decimal(str(high)))
+                if all(probe.consume_token(i) for i in ids) and probe.is_accepting and not is_inside:
+                    outside.append((schema, text))
+    assert outside == []
+
+
+@pytest.mark.parametrize("schema, keyword", [
+    (draft4(0, True, 0.5, False), "minimum (with exclusiveMinimum true) 0 at / with maximum 0.5"),
+    (draft4(-0.5, False, 0, True), "maximum (with exclusiveMaximum true) 0 at / with minimum -0.5"),
+    ({"type": "object", "properties": {"a": {"type": "number", "minimum": 10, "exclusiveMinimum": True,
+                                             "exclusiveMaximum": 10.5}}},
+     "minimum (with exclusiveMinimum true) 10 at /properties/a"),
+])
+def test_a_draft4_exclusive_range_llguidance_writes_wrongly_is_refused_naming_its_keywords(schema, keyword):
+    assert shape_error(request(schema)).startswith(keyword)
+    assert shape_error(request(draft4(0, True, 2, False))) == ""  # its integer bound is more than 1 away
+
+
 @pytest.mark.parametrize("schema", [
     {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
     {"type": "number", "exclusiveMinimum": 0},

@@ -269,7 +269,9 @@ def test_multiple_of_values_are_scaled_to_integers_and_combined_by_least_common_
     assert "is 30000" in error(10_000, 3)
     assert "is 999983" in error(999983)
     assert "is about 1e400" in error(10 ** 400)
-    assert error(True, -5, 0, "7", None, [3]) == ""  # not positive numbers: the compile reports them
+    assert error(True, 0, "7", None, [3]) == ""  # not numbers, or 0: the compile reports them
+    # A negative one llguidance compiled as its absolute value (-2 wrote 4): refused here.
+    assert error(-5) == "multipleOf -5 at /properties/p0: it must be greater than 0"
 
 
 REALISTIC = {

@@ -41,12 +41,13 @@ state (`GrammarMatcher.is_error`, `.error`), after which the mask allows only EO
 matcher reads that state (the compiler at preparation, the model worker's `TensorGrammar` while
 decoding, which ends the request with finish_reason ``grammar_limit`` and its output so far; or
 ``grammar_dead_end`` for a dead end, `GrammarMatcher.is_dead_end`). A request's
-reasoning section ahead of a structured answer is bounded (`ReasoningEnvelope.budget`, half the
-request's output limit): the answer always gets the rest of the output. JSON schemas compile to
-compact JSON by default (``whitespace_flexible`` off: no free whitespace between tokens), so a
-sampled model cannot spend its budget on whitespace; a schema's own ``x-guidance`` options, or the
-server's `json_defaults`, may turn it back on. A client's schema may set only the options that keep
-its output JSON (`grammar_options`: others are a 400 from `parse_response_format`).
+reasoning section ahead of a structured answer is bounded where its close delimiter is a token
+(`ReasoningEnvelope.budget`, half the request's output limit): the answer always gets the rest of
+the output. JSON schemas compile to compact JSON by default (``whitespace_flexible`` off: no free
+whitespace between tokens), so a sampled model cannot spend its budget on whitespace; a schema's
+own ``x-guidance`` options, or the server's `json_defaults`, may turn it back on. A client's schema
+may set only the options that keep its output JSON (`grammar_options`: others are a 400 from
+`parse_response_format`).
 
 Requests with tools or recipient frames get a grammar built from the contract's syntax data instead
 (`grammar_tools`, `grammar_frames`, chosen by `grammar_request`): `compile_lark` compiles such a
@@ -76,7 +77,8 @@ from helios.frontend.structured.dead_ends import (REFUSED_TOKEN, BranchVocabular
                                                   is_dead_end, is_endless, walk)
 from helios.frontend.structured.grammar_lark_depth import lark_shape_error
 from helios.frontend.structured.grammar_options import OPTIONS_KEY, lark_option_error, option_error
-from helios.frontend.structured.grammar_shapes import SUBSCHEMA_KEYS, SUBSCHEMA_MAPS, schema_shape_error
+from helios.frontend.structured.grammar_shapes import (SUBSCHEMA_KEYS, SUBSCHEMA_MAPS, dangling_escape_error,
+                                                       schema_shape_error)
 
 MASK_WORD_BITS = 32
 COMPACT_JSON = {"whitespace_flexible": False}  # llguidance JSON option: no free whitespace
@@ -169,7 +171,8 @@ class ReasoningEnvelope:
     Delimiters with a token id must be generated as that token; without one they are matched as text.
     `separator` is optional text the model may write between the close delimiter and the answer.
     `budget` bounds the reasoning text in tokens (None: unbounded); once it is spent the grammar
-    allows only the close delimiter, so a structured answer always gets the rest of the output.
+    allows only the close delimiter, so a structured answer always gets the rest of the output. Only
+    a close delimiter with a token id can be bounded so (see `envelope_lark`): a text one is not.
     """
 
     state: ReasoningState
@@ -208,13 +211,16 @@ def envelope_lark(envelope: ReasoningEnvelope | None) -> str:
         answer = f"{json.dumps(envelope.separator)}? {answer}"
     if envelope is None or envelope.state in (ReasoningState.CLOSED, ReasoningState.NO_REASONING):
         return f"start: {answer}\n"
-    bounded = f"[max_tokens={envelope.budget}]" if envelope.budget is not None else ""
     if envelope.close_token_id is not None:
+        bounded = f"[max_tokens={envelope.budget}]" if envelope.budget is not None else ""
         body = f"reasoning: reasoning_text <[{envelope.close_token_id}]>\nreasoning_text{bounded}: /(?s:.*)/\n"
-    elif bounded:
-        close = json.dumps(envelope.close_text)
-        body = f"reasoning: reasoning_text {close}\nreasoning_text{bounded}: /(?s:.*)/\n"
     else:
+        # A close delimiter spelled as text ends the reasoning where it is written (a lazy `suffix`
+        # lexeme), and no budget bounds it: llguidance's lexer takes the longest match, so a bounded
+        # text lexeme followed by the delimiter swallowed a delimiter written within the budget (the
+        # section ran on to the budget, and the answer the model wrote after its delimiter became
+        # reasoning), and a bounded `suffix` lexeme cut at its budget lets the answer follow without
+        # the delimiter.
         body = f"reasoning[suffix={json.dumps(envelope.close_text)}]: /(?s:.*)/\n"
     if envelope.state is ReasoningState.OPEN:
         return f"start: reasoning {answer}\n{body}"
@@ -550,9 +556,12 @@ def failure_reason(error: str) -> str:
 def shape_error(request: GrammarRequest) -> str:
     """Why a JSON-schema request's shape is one llguidance compiles in unbounded time (its error for
     a client, see `grammar_shapes`), or a Lark request's one its compile recurses too deep through
-    (`grammar_lark_depth`), or "" when it is neither (and for other kinds of grammar)."""
+    (`grammar_lark_depth`), or a regex request's malformed escape llguidance would drop
+    (`dangling_escape_error`), or "" when it is none of these (and for other kinds of grammar)."""
     if request.kind is GrammarKind.LARK:
         return lark_shape_error(request.source)
+    if request.kind is GrammarKind.REGEX:
+        return dangling_escape_error(request.source)
     return schema_shape_error(request.source) if request.kind is GrammarKind.JSON_SCHEMA else ""
 
 

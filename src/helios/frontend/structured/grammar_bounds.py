@@ -6,6 +6,8 @@ bound that equals it is exclusive: ``{"exclusiveMinimum": 0, "maximum": 0.5}`` l
 ``{"exclusiveMinimum": 10, "exclusiveMaximum": 10.5}`` let ``10``, and on the negative side
 ``{"exclusiveMinimum": -0.5, "exclusiveMaximum": 0}`` let ``-0`` (0) and ``(-1.5, -1)`` let ``-1``.
 (A differential check of 931 bound pairs over 1,000 numbers found no other value outside its range.)
+Draft 4's spelling, ``minimum`` with ``exclusiveMinimum: true`` (and ``maximum`` with
+``exclusiveMaximum: true``), is an exclusive bound too: llguidance honours it and writes it as wrongly.
 `exclusive_bound_error` refuses such a range with a 400 naming the keyword and its place.
 
 Bounds merge as llguidance merges them: a schema's own keywords with those of its ``allOf``
@@ -42,14 +44,14 @@ class Bounds(NamedTuple):
     def merged(self, node: dict, path: str) -> Bounds:
         """These bounds narrowed by the bound keywords of ``node`` (at JSON pointer ``path``)."""
         low, low_x, low_k, high, high_x, high_k = self
-        for key, exclusive in (("minimum", False), ("exclusiveMinimum", True)):
+        for key, exclusive in (("minimum", node.get("exclusiveMinimum") is True), ("exclusiveMinimum", True)):
             value = node.get(key)
             if _is_finite(value) and (low is None or value > low or (value == low and exclusive and not low_x)):
-                low, low_x, low_k = value, exclusive, f"{key} {value!r} at {path or '/'}"
-        for key, exclusive in (("maximum", False), ("exclusiveMaximum", True)):
+                low, low_x, low_k = value, exclusive, f"{_spelled(key, exclusive)} {value!r} at {path or '/'}"
+        for key, exclusive in (("maximum", node.get("exclusiveMaximum") is True), ("exclusiveMaximum", True)):
             value = node.get(key)
             if _is_finite(value) and (high is None or value < high or (value == high and exclusive and not high_x)):
-                high, high_x, high_k = value, exclusive, f"{key} {value!r} at {path or '/'}"
+                high, high_x, high_k = value, exclusive, f"{_spelled(key, exclusive)} {value!r} at {path or '/'}"
         return Bounds(low, low_x, low_k, high, high_x, high_k)
 
     def miswritten(self) -> str:
@@ -151,6 +153,14 @@ class _BoundWalk:
             for index, child in enumerate(prefix if isinstance(prefix, list) else ()):
                 groups.setdefault(("prefixItems", index), []).append((child, f"{path}/prefixItems/{index}"))
         yield from groups.values()
+
+
+def _spelled(key: str, exclusive: bool) -> str:
+    """A bound keyword as the client wrote it: draft 4's ``minimum`` made exclusive by
+    ``exclusiveMinimum: true`` (which llguidance honours) names both."""
+    if key in ("minimum", "maximum") and exclusive:
+        return f"{key} (with exclusive{key.capitalize()} true)"
+    return key
 
 
 def _may_be_number(node: dict) -> bool:

@@ -13,7 +13,8 @@ bound, hence unbounded here, are long enums, ``minLength``/``maxLength``/``minIt
 of any size, number bounds, ref chains within `MAX_REF_DEPTH` and ``allOf`` of many objects. Number
 bounds and ``multipleOf`` values llguidance reads inexactly are refused here too (`number_error`), as
 are number ranges it writes wrongly (`grammar_bounds`), and a ``minProperties`` that only undeclared
-keys, which llguidance may repeat, could meet (`distinct_keys_error`).
+keys, which llguidance may repeat, could meet (`distinct_keys_error`), and a ``pattern`` ending in a
+lone backslash, which llguidance drops rather than refuses (`dangling_escape_error`).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def schema_shape_error(source: str) -> str:
         if multiple > MAX_MULTIPLE_OF:
             return (f"multipleOf values whose least common multiple is {_short_number(multiple)} (each scaled to an "
                     f"integer past its decimals): at most {MAX_MULTIPLE_OF} can be compiled in bounded time")
-        number = number_error(node, path) or distinct_keys_error(node, path)
+        number = number_error(node, path) or distinct_keys_error(node, path) or _pattern_escape_error(node, path)
         if number:
             return number
         count = joint.count(node)
@@ -126,7 +127,8 @@ def number_error(node: dict, path: str = "") -> str:
     `MAX_NUMBER_BOUND` may be rounded (``minimum: 2**53 + 1`` let 2**53 through) and from 1e18 on it
     builds no range at all; an integer in an ``enum``/``const`` past it may be written rounded
     (``enum: [2**53 + 1]`` wrote 2**53); a ``multipleOf`` it scales to an integer by powers of ten in
-    floating point, which fails past `MAX_SCALED_MULTIPLE` (``9e-10`` does, ``3e-10`` does not)."""
+    floating point, which fails past `MAX_SCALED_MULTIPLE` (``9e-10`` does, ``3e-10`` does not), and
+    a negative one, which JSON Schema does not allow, it read as its absolute value."""
     where = f" at {path}" if path else ""
     for key in BOUND_KEYWORDS:
         value = node.get(key)
@@ -140,6 +142,8 @@ def number_error(node: dict, path: str = "") -> str:
             return (f"{key} value {_short_bound(big)}{where}: an integer in an enum or const must be within "
                     f"-{MAX_NUMBER_BOUND} .. {MAX_NUMBER_BOUND} (2**53) to be written exactly")
     value = node.get("multipleOf")
+    if _is_number(value) and value < 0:  # llguidance read it as its absolute value; 0 it refuses itself
+        return f"multipleOf {_short_bound(value)}{where}: it must be greater than 0"
     if _is_number(value) and value > 0 and _float_scaled(value) > MAX_SCALED_MULTIPLE:
         return (f"multipleOf {_short_bound(value)}{where}: it must become an integer of at most 16 digits "
                 "when scaled by a power of ten in 64-bit floating point to be enforced (a decimal with fewer "
@@ -168,6 +172,31 @@ def distinct_keys_error(node: dict, path: str = "") -> str:
     return (f"minProperties {_short_bound(least)}{where}: an object that takes undeclared keys may be written with "
             "one of them twice, which JSON parsers read as one key, so it can count at most one undeclared key "
             "toward minProperties; declare the properties it needs (and require them) or lower minProperties")
+
+
+def dangling_escape_error(pattern: str, what: str = "the regex") -> str:
+    """Why the regex `pattern` is malformed in a way llguidance does not report (its error for a
+    client, naming it `what`), or "": a pattern ending in a lone backslash (after an odd number of
+    them), an escape with nothing to escape, which llguidance drops instead of refusing, so
+    ``^a\\`` constrained the output as ``^a`` and a lone ``\\`` as the empty regex (any text)."""
+    if (len(pattern) - len(pattern.rstrip("\\"))) % 2 == 0:
+        return ""
+    return f"{what} ends with an unfinished escape (a lone backslash); write \\\\ for a literal backslash"
+
+
+def _pattern_escape_error(node: dict, path: str) -> str:
+    """`dangling_escape_error` of the schema ``node``'s ``pattern`` or one of its ``patternProperties``."""
+    where = f" at {path}" if path else ""
+    if isinstance(node.get("pattern"), str):
+        error = dangling_escape_error(node["pattern"], f"pattern{where}")
+        if error:
+            return error
+    extra = node.get("patternProperties")
+    for key in extra if isinstance(extra, dict) else ():
+        error = dangling_escape_error(key, f"patternProperties key{where}")
+        if error:
+            return error
+    return ""
 
 
 def _integers_in(value: Any) -> Iterator[int]:
