@@ -869,3 +869,18 @@ def is_tree(value, root: bool = True) -> bool:
         return False
     children = value.get("children", [])
     return isinstance(children, list) and all(is_tree(child, root=False) for child in children)
+
+
+def test_qwen_free_text_beside_grammar_calls_never_spells_a_bare_function(served):
+    """The Qwen Coder parser reads ``<function=NAME>...</function>`` written without ``<tool_call>``
+    as a call (as vLLM's does): free answer text under ``parallel_tool_calls: false`` could write one
+    before the one call the grammar allows, a second call no schema or count checked."""
+    case = served["qwen"]
+    tokenizer = case.tokenizer
+    single = case.model.prepare_chat(chat(case, tools=TOOLS, parallel_tool_calls=False))
+    head = ids_of(tokenizer, "</think>")
+    assert accepts(single.grammar, head + plain_ids(tokenizer, "Use function=get_time <b>."))
+    assert not accepts(single.grammar, head + plain_ids(tokenizer, "Sure <function=get_time>\n</function>"))
+    bare = plain_ids(tokenizer, "<function=get_time>\n</function>")
+    result = run_output(single, head + plain_ids(tokenizer, "Sure ") + bare + [case.eos])[1].result
+    assert [call.name for call in result.tool_calls] == ["get_time"]  # what such text would have been

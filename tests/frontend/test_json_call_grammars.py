@@ -112,3 +112,20 @@ def test_parameters_that_allow_no_object_are_a_400(model, parameters):
     with pytest.raises(GrammarError, match="Unsatisfiable") as caught:
         model[2].check(ToolSchema("f", parameters).parameters_request())
     assert caught.value.http_status == 400
+
+
+REF_TOP = {"$ref": "#/$defs/A", "$defs": {"A": {"type": "object", "properties": {
+    "a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "string"}}}, "required": ["a"]}}}
+
+
+@pytest.mark.parametrize("shape", ["hermes", "mistral"])
+def test_a_forced_json_call_writes_declared_properties_only_behind_a_top_level_ref(model, shape):
+    """pydantic writes a recursive model's parameters as a top-level ``$ref`` to its definition: the
+    declared-properties rule (``additionalProperties: false`` where the client set none, as the tag
+    grammars write declared parameters only) looked for ``properties`` at the top only, so a forced
+    call could add any key, ``{"a": 1, "zz": {...}}``."""
+    syntax, one, _ = SHAPES[shape]
+    tool = [ToolSchema("f", REF_TOP)]
+    for arguments, verdict in (('{"a":1}', True), ('{"a":1,"b":["x"]}', True), ('{"a":1,"b":[1]}', False),
+                               ('{"a":1,"zz":2}', False), ('{"b":["x"]}', False)):
+        assert is_complete(model, syntax, True, one.replace('{"a":1}', arguments), tool) == verdict, arguments

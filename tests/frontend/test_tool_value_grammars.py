@@ -451,3 +451,41 @@ def test_forced_calls_with_escaping_values_validate(models, monkeypatch, syntax)
     monkeypatch.setattr(schema_fuzz, "NAMES", schema_fuzz.NAMES + ESCAPING_NAMES)
     judged = forced_calls(models[syntax], random.Random(f"escaping {syntax}"), np.random.default_rng(7), SWEEP_TOOLS)
     assert judged >= SWEEP_TOOLS  # three outputs a tool, some ending by length
+
+
+@pytest.mark.parametrize("syntax", ["qwen", "xtml"])
+def test_a_free_string_branch_is_bounded_by_its_format_keyword_not_by_the_word_in_its_text(models, syntax):
+    """An ``int | str`` parameter whose string branch's description (or title, or a property name
+    elsewhere) held the word "format" was read as format-bounded: "Paris" was refused. Only the
+    ``format`` keyword bounds the branch, also where a ``$ref`` inside an ``allOf`` brings it."""
+    served = models[syntax]
+    write = CALLS[syntax][0]
+    described = {"anyOf": [{"type": "integer"},
+                           {"type": "string", "title": "format", "description": "a city name, any format"}]}
+    prepared = forced(served, {"type": "object", "properties": {"a": described}, "required": ["a"]})
+    assert call_arguments(served, prepared, write({"a": "Paris"})) == {"a": "Paris"}
+    assert call_arguments(served, prepared, write({"a": "3"})) == {"a": 3}
+    dated = {"anyOf": [{"type": "integer"}, {"allOf": [{"$ref": "#/$defs/D"}]}]}
+    dated = {"type": "object", "properties": {"a": dated}, "required": ["a"],
+             "$defs": {"D": {"type": "string", "format": "date"}}}
+    prepared = forced(served, dated)
+    assert call_arguments(served, prepared, write({"a": "Paris"})) is None  # a format raw text cannot hold
+    assert call_arguments(served, prepared, write({"a": "3"})) == {"a": 3}
+
+
+GLM_KEYS = ['say "hi"', "two\nlines", "a>b", "q'uote"]
+
+
+def test_a_forced_glm_call_writes_parameter_names_with_quotes_newlines_and_closing_brackets(models):
+    """GLM writes a key as text between ``<arg_key>`` and ``</arg_key>`` (its template verbatim, vLLM's
+    parser any text up to the closer, stripped), and so does its parser: only ``<`` ends it short. The
+    forced-call grammar held every syntax to the captured names' rule (no ``"``, ``>`` or newline), so
+    such a required parameter was a 400 and an optional one was never written."""
+    served = models["glm"]
+    schema = {"type": "object", "properties": {key: {"type": "string"} for key in GLM_KEYS}, "required": GLM_KEYS[:2]}
+    prepared = forced(served, schema)
+    arguments = {key: f"v{n}" for n, key in enumerate(GLM_KEYS)}
+    assert call_arguments(served, prepared, glm_call(arguments)) == arguments
+    with pytest.raises(GrammarError, match="holds no '<'") as info:  # "<" would end the key short
+        forced(served, {"type": "object", "properties": {"a<b": {"type": "string"}}, "required": ["a<b"]})
+    assert info.value.param == "tools[0].function.parameters.properties.a<b"

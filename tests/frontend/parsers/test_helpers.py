@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import tokenize
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -11,7 +13,9 @@ from hypothesis import given, settings, strategies as st
 from helios.frontend.parsers.schema_refs import SchemaRefError
 from helios.frontend.parsers.scan import MAX_CAPTURE_LEN, TagForm, TagMatch, TagSet, match_form
 from helios.frontend.parsers.text import WrappedText, XmlEntityDecoder
-from helios.frontend.parsers.values import ToolRegistry, ValueKind, json_value, schema_kinds, typed_value
+from helios.frontend.parsers.values import (
+    MAX_PYTHON_LITERAL_TOKENS, ToolRegistry, ValueKind, _num_tokens, json_value, schema_kinds, typed_value,
+)
 
 SMALL = settings(max_examples=150, deadline=None)
 texts = st.text(alphabet="ab\n &;#x1ltgmpo<>", max_size=30)
@@ -162,3 +166,52 @@ def test_a_python_literal_object_or_array_is_that_json_value():
     for text in ("{1: 2}", "{1, 2}", "[b'x']", "[1+2j]", "[1e999]", "[__import__('os')]", "[x]", "(1, 2)",
                  "[" * 10000, "[" + "9" * 5000 + "]", "['" + "a" * 70000 + "']"):
         assert typed_value(text, O | A) == (json.dumps(text), False), text[:20]
+
+
+def test_a_python_literal_of_more_tokens_than_the_bound_is_not_read():
+    """A 64 KiB literal such as ``[1,1,...]`` (32k elements) held the GIL for about 0.2 s in
+    ``ast.literal_eval``, whose cost follows its tokens, not its length: every other request stalled.
+    Literals beyond `MAX_PYTHON_LITERAL_TOKENS` tokens are not read now, however they are spelled;
+    a string's length costs nothing (one token)."""
+    A = frozenset({ValueKind.ARRAY})
+    within = "[" + ",".join(["None"] * (MAX_PYTHON_LITERAL_TOKENS // 2 - 1)) + "]"  # no JSON: Python's
+    assert typed_value(within, A) == (within.replace("None", "null").replace(",", ", "), True)
+    assert typed_value("['" + "a, " * 20000 + "']", A).valid
+    n = MAX_PYTHON_LITERAL_TOKENS
+    for text in ("[" + "None," * n + "]", "[" + "()," * n + "]", "[" + "-" * 2 * n + "1]",
+                 "[" + "1.5e-3, " * n + "None]", "[" + "1or " * n + "1]", "['''x' ''', " + "1, " * n + "'y']",
+                 "[1, #'''\n" + "1, " * n + "\n#'''\n]"):
+        assert _num_tokens(text, n) > n, text[:20]
+        assert typed_value(text, A) == (json.dumps(text), False), text[:20]
+
+
+def _python_tokens(text: str) -> int:
+    """The tokens Python's tokenizer reads in ``text`` before its first error (or its end)."""
+    count = 0
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.ERRORTOKEN and token.string.strip():
+                break
+            count += token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER, tokenize.ERRORTOKEN,
+                                        tokenize.INDENT, tokenize.DEDENT)
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return count
+
+
+PYTHON_PIECES = ["'", '"', "'''", '"""', "\\", "\\'", "\n", "#", "r", "b", "rb", "f", "x", "1", "1e", "1.5e-3",
+                 "0x1f", "j", "_", "or", "-", ".", ",", "[", "]", "{", ":", " ", "é", "None"]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.sampled_from(PYTHON_PIECES), max_size=25))
+def test_the_python_literal_token_count_never_undercounts_pythons_tokenizer(pieces):
+    """The bound above holds only if the cheap count never reads fewer tokens than Python does
+    (triple-quoted strings, comments holding quotes, string prefixes, numbers run into names)."""
+    text = "[" + "".join(pieces)
+    try:
+        counted = _num_tokens(text, 10**9)
+    except ValueError:  # an f-string: refused
+        assert "f" in pieces
+        return
+    assert counted >= _python_tokens(text), text

@@ -105,6 +105,23 @@ CASES = {
         # no call: its text is content (`test_finish_mid_call`)
         Expect("", "<tool_call>\n<function=write_file>\n<parameter=content>\nhalf a li", errors=(K.UNTERMINATED_CALL,)),
     ),
+    # vLLM's qwen3_coder parser reads a function written without <tool_call> as a call: it was content
+    "bare_function_is_a_call": (
+        UNOPENED, ["Checking.\n\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                   + WEATHER],
+        Expect("", "Checking.", (Call("get_weather", {"city": "Paris"}), Call("get_weather", {"city": "Paris", "days": 3}))),
+    ),
+    "bare_function_after_reasoning": (
+        OPEN, ["Weather.\n</think>\n\n<function=get_time>\n</function>"], Expect("Weather.", "", (Call("get_time", {}),)),
+    ),
+    "bare_unknown_function_is_content": (
+        UNOPENED, ["Write <function=nope> or <function=get_time to call."],
+        Expect("", "Write <function=nope> or <function=get_time to call."),
+    ),
+    "bare_unterminated_function_is_content": (
+        UNOPENED, ["Ok <function=get_weather>\n<parameter=city>\nPar"],
+        Expect("", "Ok <function=get_weather>\n<parameter=city>\nPar", errors=(K.UNTERMINATED_CALL,)),
+    ),
     "unterminated_block_is_content": (UNOPENED, ["Hm\n\n<tool_call>\n<funct"], Expect("", "Hm\n\n<tool_call>\n<funct", errors=(K.UNTERMINATED_CALL,))),
 }
 

@@ -12,7 +12,9 @@ One block usually holds one function; parallel calls are consecutive blocks (sev
 one block are accepted too). ``value_wrap`` (a newline) is removed from both ends of each value;
 values are typed by the request's JSON schema for the parameter. A value whose ``</parameter>`` was
 left out ends at the next parameter tag or the function closer on a new line, as Qwen's and vLLM's
-parsers read it (``unclosed_value_ends``). Recovery rules: `tag_tools`.
+parsers read it (``unclosed_value_ends``). A function written without the block around it
+(``<function=NAME>...</function>`` in answer text) is a call of a registered tool, as vLLM's
+parser reads it (``bare_invocations``). Recovery rules: `tag_tools`.
 """
 
 from __future__ import annotations
@@ -33,4 +35,5 @@ def qwen_coder_grammar(syntax: QwenCoderSyntax) -> ToolGrammar:
         value_wrap=syntax.value_wrap,
         block_lead=syntax.block_lead,
         unclosed_value_ends=True,
+        bare_invocations=True,
     )

@@ -97,6 +97,20 @@ class SchemaDocument:
             return None
         return self.deref(schema), visiting | {ref}
 
+    def reachable(self, schema: Any) -> Iterator[Mapping]:
+        """Every mapping in schema position under ``schema`` (a subschema of this document), the
+        targets of its refs included, each target walked once: where a keyword may hold. Data
+        keywords' values (``enum``, ``default`` ...) and annotation text are no schemas."""
+        seen: set[str] = set()
+        stack = [schema]
+        while stack:
+            for node in _schema_nodes(stack.pop()):
+                yield node
+                ref = node.get("$ref")
+                if isinstance(ref, str) and ref not in seen:
+                    seen.add(ref)
+                    stack.append(self.resolve(ref))
+
     def bundled(self, schema: Any, reserved: Iterable[str] = ()) -> Any:
         """A standalone copy of ``schema`` (a subschema of this document) whose refs point into its
         own ``$defs``; definition names avoid ``reserved``. Its original ``$defs``/``definitions``

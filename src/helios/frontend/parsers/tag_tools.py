@@ -33,6 +33,9 @@ answer text (`StrayText.CONTENT`) and to `MarkupDropped` inside recipient tool f
 - stray text inside a started call: `UNEXPECTED_TEXT` with the complete run, dropped;
 - a typed value that does not parse: kept as a JSON string, `INVALID_VALUE`;
 - a block closer while an invocation is open: the call ends normally, `MALFORMED_CALL`;
+- an invocation tag in answer text (``ToolGrammar.bare_invocations``: Qwen Coder's ``<function=NAME>``
+  written without ``<tool_call>``, which vLLM's parser reads as a call): a registered tool's opens a
+  call in a block of its own that the invocation closer ends; another name's tag is answer text;
 - output ending inside a started call (the output limit, a stop string, EOS): no call, the call's
   text from its invocation tag on (the block opener too for a block's first call) is answer content,
   also in tool frames, with `UNTERMINATED_CALL`; so that the stream agrees, a call's events are held
@@ -85,7 +88,7 @@ class TagToolParser:
         self._names, self._ids, self._stray_mode, self._answer = names, ids, stray, answer
         end = g.invoke_close or g.block_close
         self._sets = {
-            _S.CONTENT: _tags(open=g.block_open),
+            _S.CONTENT: _tags(open=g.block_open, bare=g.invoke_open if g.bare_invocations else ""),
             _S.BLOCK: _tags(invoke=g.invoke_open, close=g.block_close, open=g.block_open),
             _S.NAME: _tags(sep=g.name_separator, key=g.key_open, close=g.block_close, open=g.block_open),
             _S.INVOKE: _tags(key=g.key_open, end=end, close=g.block_close if g.invoke_close else ""),
@@ -108,6 +111,7 @@ class TagToolParser:
         self._name: list[str] = []
         self._key = ""
         self._block_calls = 0
+        self._bare = False  # the open block is a bare invocation's: its invocation closer ends it
         self._num_calls = 0
         self._call: OpenCall | None = None
         self._held: list[Event] = []  # the open call's events, released when it ends
@@ -225,7 +229,9 @@ class TagToolParser:
 
     def _tag(self, out: list[Event], label: str, captures: tuple[str, ...], tag_text: str) -> None:
         state = self._state
-        if state is _S.CONTENT:
+        if state is _S.CONTENT and label == "bare":
+            self._open_bare(out, captures[0], tag_text)
+        elif state is _S.CONTENT:
             self._open_block(out, tag_text)
         elif label == "open" and state in (_S.BLOCK, _S.NAME):
             self._block_opener(out, tag_text)
@@ -297,6 +303,17 @@ class TagToolParser:
         self._raw, self._block_calls = [lead, tag_text], 0
         self._state = _S.NAME if self._g.invoke_open is None else _S.BLOCK
 
+    def _open_bare(self, out: list[Event], name: str, tag_text: str) -> None:
+        """An invocation tag in answer text (`ToolGrammar.bare_invocations`): a call the output may
+        make opens a block of its own, ended by the invocation closer; any other tag is answer text
+        (prose naming ``<function=x>`` raises nothing and swallows nothing)."""
+        if self._invoke_error(name) is not None:
+            self._answer_text(out, tag_text)
+            return
+        self._open_block(out, "")
+        self._bare = True
+        self._start_invoke(out, name, tag_text)
+
     def _block_opener(self, out: list[Event], tag_text: str) -> None:
         """A block opener inside an open block. Before the block's first invocation, the block so far
         is raw and a new block opens (prose naming the opener must not swallow the call after it);
@@ -322,6 +339,7 @@ class TagToolParser:
     def _end_block(self) -> None:
         self._state = _S.CONTENT
         self._after_block = True
+        self._bare = False
 
     def _end_inline_name(self, out: list[Event], label: str, tag_text: str) -> None:
         name_text = "".join(self._name)
@@ -348,12 +366,7 @@ class TagToolParser:
         in the state ``rejected`` (`REJECT_PROSE` where a block opener may end it, for a name that is
         no invocation's); otherwise the invocation is raw up to its closer."""
         g = self._g
-        if g.max_invocations and self._num_calls >= g.max_invocations:
-            error = ParseError(ParseErrorKind.EXTRA_INVOCATION, name)
-        elif not name:
-            error = ParseError(ParseErrorKind.MALFORMED_CALL, "empty invocation name")
-        else:
-            error = self._names.check(name)
+        error = self._invoke_error(name)
         if error is not None:
             if not self._block_calls:
                 self._raw.append(tag_text)
@@ -375,6 +388,14 @@ class TagToolParser:
         self._block_calls += 1
         self._num_calls += 1
         self._state = _S.INVOKE
+
+    def _invoke_error(self, name: str) -> ParseError | None:
+        """Why the invocation ``name`` cannot start a call (None when it can)."""
+        if self._g.max_invocations and self._num_calls >= self._g.max_invocations:
+            return ParseError(ParseErrorKind.EXTRA_INVOCATION, name)
+        if not name:
+            return ParseError(ParseErrorKind.MALFORMED_CALL, "empty invocation name")
+        return self._names.check(name)
 
     def _call_tag(self, out: list[Event], label: str, captures: tuple[str, ...], tag_text: str) -> None:
         self._flush_stray(out)
@@ -401,7 +422,7 @@ class TagToolParser:
             out.extend(call.end(True))
             self._call = None
             self._markup(out, tag_text)
-            if self._g.invoke_close and label == "end":
+            if self._g.invoke_close and label == "end" and not self._bare:
                 self._state = _S.BLOCK
             else:
                 self._end_block()
@@ -473,4 +494,4 @@ class TagToolParser:
                 out.append(ContentDelta(text))
             self._call, self._held, self._call_text, self._stray = None, [], [], []
         self._state = _S.CONTENT
-        self._after_block = False
+        self._after_block = self._bare = False

@@ -234,17 +234,46 @@ def _try_kind(kind: ValueKind, text: str) -> tuple[bool, Any]:
 
 
 MAX_PYTHON_LITERAL_LEN = 64 * 1024  # characters: a larger value is not read as a Python literal
+# Tokens (`_num_tokens`): `ast.literal_eval` builds and walks one Python object per token or so, holding
+# the GIL (about 3 us each: 64 KiB of "[1,1,...]" took 0.2 s, stalling every other request).
+MAX_PYTHON_LITERAL_TOKENS = 4096
+# One lexeme of Python's tokenizer, or a token's worth more: a string, its prefix in group 1 (an
+# f-string's holds "f"), group 2 a quote that opens no terminated string (Python's tokenizer stops
+# there, and so does the count: a scan for a closer is then made once, which keeps it linear), a
+# comment, a decimal number, a run of word characters (a name, or a number and a name run together:
+# ``1or``, two tokens, is two lexemes here) or one other character.
+_PY_STRINGS = ([rf"{q * 3}(?:[^\\]|\\.)*?{q * 3}" for q in "'\""]
+               + [rf"{q}(?!{q * 2})(?:[^{q}\\\n]|\\.)*{q}" for q in "'\""])
+_PY_DIGITS = r"\d(?:_?\d)*"
+_PY_NUMBER = rf"{_PY_DIGITS}(?:\.(?:{_PY_DIGITS})?)?(?:[eE][+-]?{_PY_DIGITS})?[jJ]?"
+_PY_LEXEME = re.compile(rf"((?i:br|rb|fr|rf|[rbuf]))?(?:{'|'.join(_PY_STRINGS)}|(['\"]))|#[^\n]*|{_PY_NUMBER}"
+                        r"|\w+|[^\w\s]", re.DOTALL)
+
+
+def _num_tokens(text: str, limit: int) -> int:
+    """At least the number of Python tokens in ``text`` (`_PY_LEXEME`), counted up to ``limit + 1``;
+    ValueError for an f-string (no literal holds one; Python 3.12 tokenizes its replacement fields)."""
+    count = 0
+    for lexeme in _PY_LEXEME.finditer(text):
+        if "f" in (lexeme.group(1) or "").lower():
+            raise ValueError("an f-string is no Python literal")
+        count += 1
+        if lexeme.group(2) or count > limit:
+            break
+    return count
 
 
 def python_literal(text: str) -> Any:
     """The JSON value of a Python literal object or array (``{'a': True, 'b': None}``, ``[1, (2,)]``):
     dicts with string keys, lists and tuples (as arrays), strings, booleans, None, integers and finite
     floats. ValueError for anything else: not such a literal, other Python values (sets, bytes,
-    complex numbers, non-string keys), or text beyond `MAX_PYTHON_LITERAL_LEN`. `ast.literal_eval`
-    evaluates no code; the bound keeps its parse cheap, and nesting beyond the parser's limit is a
-    SyntaxError (or RecursionError)."""
+    complex numbers, non-string keys), or text beyond `MAX_PYTHON_LITERAL_LEN` characters or
+    `MAX_PYTHON_LITERAL_TOKENS` tokens. `ast.literal_eval` evaluates no code; the bounds keep its
+    parse cheap, and nesting beyond the parser's limit is a SyntaxError (or RecursionError)."""
     if len(text) > MAX_PYTHON_LITERAL_LEN or not text.startswith(("{", "[")):
         raise ValueError("not a Python literal object or array")
+    if _num_tokens(text, MAX_PYTHON_LITERAL_TOKENS) > MAX_PYTHON_LITERAL_TOKENS:
+        raise ValueError(f"a Python literal of more than {MAX_PYTHON_LITERAL_TOKENS} tokens is not read")
     try:
         value = ast.literal_eval(text)
     except (SyntaxError, TypeError, MemoryError) as error:  # ValueError and RecursionError propagate

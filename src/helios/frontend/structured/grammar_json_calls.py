@@ -33,12 +33,17 @@ def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") 
     ignores the keywords llguidance does not implement (``lenient``, as the check of the tool's
     schema and the tag grammars do; they were an error here, a 400 the check had passed). With a
     block ``closer``, which the parser finds as text, no string or key spells it (`safe_schema`,
-    as in tag syntaxes: a string argument holding it ended the block inside the JSON)."""
-    schema = dict(tool.parameters)
+    as in tag syntaxes: a string argument holding it ended the block inside the JSON). The declared
+    properties are those behind a top-level ``$ref`` too (pydantic's recursive models), as the tag
+    grammars read them (`tool_properties`): a call could add any key there."""
+    root = tool.document.deref(tool.parameters)
+    schema = dict(root) if isinstance(root, Mapping) else {}
     if "properties" in schema:
         schema.setdefault("additionalProperties", False)
     if closer:
         schema = safe_bundle(schema, tool.document, string_pattern(ValueStyle(), closer))
+    else:  # the target's refs, standalone (the top level it came from holds their definitions)
+        schema = tool.document.bundled(schema)
     # A call's arguments are a JSON object, whatever else the top level allows (`object_parameters`);
     # set after the safe bundle, which would give a bare object top level keys of its own to intersect.
     schema["type"] = "object"

@@ -16,7 +16,9 @@ named function, ``parallel_tool_calls=false``), the whole output is constrained 
   block. After the last block only whitespace may follow;
 - the answer is, by `AnswerKind`: STRUCTURED, the ``response_format`` grammar as an opaque
   subgrammar (``@answer``), so tags spelled inside it stay answer text; FREE, text that never spells
-  the tool opener, optionally followed by calls; NONE, absent (a call is required).
+  the tool opener (nor an invocation tag the parser reads as a call without it: Qwen Coder's
+  ``<function=``, `ToolGrammar.bare_invocations`), optionally followed by calls; NONE, absent (a
+  call is required).
 
 A tool whose parameters schema would constrain the output must compile on its own
 (`ToolSchema.parameters_request`, checked by `GrammarCompiler.first_failure` before the grammar is built): an
@@ -51,7 +53,7 @@ from helios.frontend.structured.grammar_lark import (
 from helios.frontend.structured.grammar_options import OPTIONS_KEY, client_options, option_error
 from helios.frontend.structured.grammar_values import ValueGrammar, ValueStyle
 from helios.frontend.parsers.pipeline import tool_grammar
-from helios.frontend.parsers.scan import MAX_CAPTURE_LEN
+from helios.frontend.parsers.scan import FORBIDDEN_IN_CAPTURE, MAX_CAPTURE_LEN
 from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.parsers.tool_grammar import ToolGrammar
 from helios.frontend.parsers.values import tool_document, tool_param, tool_properties
@@ -61,7 +63,6 @@ from helios.frontend.decoding.syntax import OutputSyntax, ReasoningSyntaxKind, T
 ANSWER_RULE = "@answer"
 WHITESPACE = "/[ \\t\\r\\n]{1,4}/"
 _ONE_CALL_PER_BLOCK = (ToolSyntaxKind.QWEN_CODER_FUNCTIONS, ToolSyntaxKind.GLM_ARGUMENTS)
-_NOT_IN_NAMES = frozenset('<>"\n')
 
 
 class AnswerKind(enum.Enum):
@@ -70,9 +71,11 @@ class AnswerKind(enum.Enum):
     STRUCTURED = "structured"  # the response_format grammar, or calls
 
 
-def is_markup_name(name: str) -> bool:
-    """Whether the tag parsers can read ``name`` as an invocation or parameter name."""
-    return bool(name) and name == name.strip() and len(name) <= MAX_CAPTURE_LEN and not (set(name) & _NOT_IN_NAMES)
+def is_markup_name(name: str, forbidden: frozenset[str] = FORBIDDEN_IN_CAPTURE) -> bool:
+    """Whether the tag parsers can read ``name`` as an invocation or parameter name: a name captured
+    inside a tag holds none of ``<>"`` nor a newline; a key written as text between tags (GLM's
+    ``<arg_key>K</arg_key>``, its `TagForm`'s ``forbidden``: ``<`` only) may hold the others."""
+    return bool(name) and name == name.strip() and len(name) <= MAX_CAPTURE_LEN and not (set(name) & forbidden)
 
 
 @dataclass(frozen=True)
@@ -134,25 +137,26 @@ class ToolSchema:
             key: value for key, value in self.object_parameters.items() if key != "minProperties"}
         return GrammarRequest(GrammarKind.JSON_SCHEMA, json.dumps({**schema, OPTIONS_KEY: options}))
 
-    def properties(self) -> list[tuple[str, Any, bool]]:
-        """(name, schema, required) for each declared property the parsers can read, in order."""
+    def properties(self, forbidden: frozenset[str] = FORBIDDEN_IN_CAPTURE) -> list[tuple[str, Any, bool]]:
+        """(name, schema, required) for each declared property the parsers can read, in order
+        (`is_markup_name` under the syntax's key tag's ``forbidden`` characters)."""
         required = self._required()
         properties = tool_properties(self.document)
-        return [(key, value, key in required) for key, value in properties.items() if is_markup_name(key)]
+        return [(key, value, key in required) for key, value in properties.items() if is_markup_name(key, forbidden)]
 
-    def unwritable_required(self) -> tuple[str, str, str] | None:
+    def unwritable_required(self, forbidden: frozenset[str] = FORBIDDEN_IN_CAPTURE) -> tuple[str, str, str] | None:
         """(name, why, request field) of the first required property a tag syntax cannot write,
-        which a forced call would leave out: its name is no markup name, or it is not declared
-        (a tag grammar writes declared properties only). None when every one can be written."""
+        which a forced call would leave out: its name is no markup name (`properties`), or it is not
+        declared (a tag grammar writes declared properties only). None when every one can be written."""
         properties = tool_properties(self.document)
         for key in self._required():
             if key not in properties:
                 return key, "it is not declared in properties (calls write declared parameters only)", \
                     f"{self.param}.required"
-            if not is_markup_name(key):
-                return key, ("a parameter name in this model's tool-call syntax holds no '<', '>', '\"' or "
-                             f"newline, no surrounding whitespace and at most {MAX_CAPTURE_LEN} characters"), \
-                    f"{self.param}.properties.{key}"
+            if not is_markup_name(key, forbidden):
+                held = " or ".join("newline" if c == "\n" else repr(c) for c in sorted(forbidden, reverse=True))
+                return key, (f"a parameter name in this model's tool-call syntax holds no {held}, no surrounding "
+                             f"whitespace and at most {MAX_CAPTURE_LEN} characters"), f"{self.param}.properties.{key}"
         return None
 
     def unheld_combinator(self) -> str:
@@ -242,14 +246,15 @@ class CallGrammar:
                                "model's tool-call syntax, which writes each declared parameter on its own; "
                                "declare the parameters in properties (and required) instead",
                                "tools" if tool.index is None else tool.param)
-        unwritable = tool.unwritable_required()
+        forbidden = self._g.key_open.forbidden
+        unwritable = tool.unwritable_required(forbidden)
         if unwritable is not None:
             key, why, where = unwritable
             raise GrammarError(f"tool {tool.name!r} parameter {key!r} is required but cannot be written: {why}",
                                "tools" if tool.index is None else where)
         out = []
         values = self._values_of(tool)
-        for key, schema, required in tool.properties():
+        for key, schema, required in tool.properties(forbidden):
             try:
                 rule = self._parameter(values, key, schema, tool.document)
             except GrammarError as error:
@@ -341,6 +346,8 @@ def _body(rules: LarkRules, calls: CallGrammar, grammar: ToolGrammar, speller: S
     separator = think.after_close if think is not None else ""
     if policy.answer is AnswerKind.FREE:  # text (which may spell the gap), then calls or the end
         avoid = [speller(think.open)] if think is not None and state is ReasoningState.UNOPENED else []
+        if grammar.bare_invocations:  # the parser reads one as a call, which no rule here would check
+            avoid.append(speller(grammar.invoke_open.prefix))
         upto_open = text_then(rules, [opener], avoid=avoid)[0]
         return rules.rule("body", f"{upto_open} {tail} | {free_text(rules, [opener, *avoid])}?")
     gaps = sorted({text for text in (separator, grammar.block_lead) if text})

@@ -325,10 +325,10 @@ def mixed_free_string(schema: Any, document: SchemaDocument) -> bool:
 
 
 def _is_free_string(schema: Any, document: SchemaDocument) -> bool:
-    """Whether ``schema`` allows only strings, any string: a ``format`` anywhere in it (or the word
-    elsewhere, a description's: the check errs on the side of bounded) is a bound raw text cannot
-    hold (`raw_string` reads none)."""
-    if schema_kinds(schema, document) != STRING_ONLY or "format" in json.dumps(document.deref(schema)):
+    """Whether ``schema`` allows only strings, any string: a ``format`` keyword anywhere in it (its
+    refs followed) is a bound raw text cannot hold (`raw_string` reads none). The keyword only: a
+    description or title mentioning "format" left an ``int | str`` parameter's strings unwritten."""
+    if schema_kinds(schema, document) != STRING_ONLY or any("format" in node for node in document.reachable(schema)):
         return False
     try:
         return raw_string(schema, document) == FREE
