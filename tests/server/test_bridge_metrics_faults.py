@@ -98,6 +98,24 @@ def test_an_end_the_engine_reached_past_a_matched_stop_is_measured_as_the_respon
     assert (observed[-1].reason, observed[-1].num_output_tokens) == (FinishReason.STOP, 2)
 
 
+@pytest.mark.parametrize("engine_count", [0, 4])
+def test_a_failure_past_a_matched_stop_counts_the_tokens_up_to_the_stop(engine_count):
+    """The engine failed the request (an execution error on a step past the stop, or an engine process
+    that died: no count) before its `stop_matched` arrived. The response fails as before, but `observe`
+    (the metrics and the access line) got the engine's count, the tokens past the stop included, which
+    no response shows or counts; one that died was settled to the processor's count already."""
+    observed, outbox, stops = [], _Outbox(), []
+    bridge = ResponseBridge("r", _Stopped(), is_stream=False, permit=SimpleNamespace(release=lambda: None),
+                            cancel=lambda request_id: None, origin_ns=0, outbox=outbox,
+                            stop=lambda request_id, count: stops.append(count), observe=observed.append)
+    consume(bridge, TokenEvent("r", (7, 8), None))
+    consume(bridge, TokenEvent("r", (9, 10), None))  # generated before the engine was told of the stop
+    consume(bridge, FinishEvent("r", FinishReason.ERROR, 3, engine_count, 0, "boom"))
+    (terminal,) = outbox.items
+    assert isinstance(terminal, Failure) and stops == [2]
+    assert (observed[-1].reason, observed[-1].num_output_tokens) == (FinishReason.ERROR, 2)
+
+
 @pytest.mark.parametrize("forwarded", [False, True])
 def test_an_interrupted_response_ends_with_the_interrupt_even_when_its_end_arrives_before_the_reader_wakes(forwarded):
     """The drain deadline's `interrupt` and the engine's end delivered in one turn of the event loop

@@ -6,6 +6,7 @@ tests/e2e/test_lifecycle_faults.py's."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -101,3 +102,30 @@ def test_the_engine_process_imports_no_sympy_before_a_load_on_the_cpu_asks_for_i
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=JOIN_S)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
     assert "sympy.tensor.tensor" in CPU_LOAD_IMPORTS
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (Linux: its SigCgt mask)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def test_a_hangup_of_the_process_group_leaves_the_engine_process_to_its_serving_process():
+    """A closed terminal hangs up the whole process group. The serving process drains on SIGHUP as on
+    SIGTERM, but the engine process died of it at once, so every running response ended with "the
+    model worker died" instead of finishing within the drain (SIGTERM and SIGINT were ignored already)."""
+    import time
+
+    spawned = spawn_engine_process(report_order)
+    deadline = time.monotonic() + JOIN_S
+    while not _catches(spawned.process.pid, signal.SIGUSR1):  # its entry's signal settings are made
+        assert spawned.process.is_alive() and time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(spawned.process.pid, signal.SIGHUP)
+    spawned.order(EngineOrder("model.core", None))
+    assert spawned.connection.poll(JOIN_S), f"the engine process ended: {spawned.process.exitcode}"
+    assert spawned.connection.recv()[0] == "model.core"
+    spawned.process.join(JOIN_S)
+    assert spawned.process.exitcode == 0

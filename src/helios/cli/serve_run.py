@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import signal
 import sys
 import time
@@ -59,18 +60,20 @@ def run(args: argparse.Namespace, names: tuple[str, ...], spawned: EngineSpawn |
 
 
 def _open(args: argparse.Namespace) -> tuple[Core, CoreSource]:
-    """The verified core, and how an engine process opens it again."""
+    """The verified core, and how an engine process opens it again (that same core: its signed body's
+    digest goes with it)."""
     if serve_order.serves_core_file(args):
         if not args.accept:
             raise UsageError("--accept NAMESPACE is required to serve a core file")
         core = open_core_from_args(args, args.core)  # its errors first (the trusted keys, the core)
-        return core, serve_order.core_source(args)
+        return core, dataclasses.replace(serve_order.core_source(args), body_sha256=core.body_sha256)
     from helios.embedded.prepared import embedded_core
 
     embedded = embedded_core()
     accept = args.accept or embedded.namespace
     core = open_core(embedded.path, accept=accept, trusted_keys=[embedded.public_key], aes_key=aes_key_from_args(args))
-    return core, CoreSource(str(embedded.path), accept, (str(embedded.public_key),), aes_key_from_args(args))
+    return core, CoreSource(str(embedded.path), accept, (str(embedded.public_key),), aes_key_from_args(args),
+                            core.body_sha256)
 
 
 class _StopSignal(BaseException):

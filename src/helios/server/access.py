@@ -8,7 +8,8 @@ OpenAI-style error body before their body is read. ``/health``, ``/metrics`` and
 
 `AccessLog`: one line per HTTP request on the ``helios.access`` logger, written when the response
 ended (a stream: after its last chunk): client, method, path, status, prompt and completion tokens,
-finish reason, latency and time to first token (milliseconds; the first output token of any choice),
+finish reason (as the response gave it: ``stop`` for an end-of-sequence token), latency and time to
+first token (milliseconds; the first output token of any choice),
 the served model's name and the request's ``user`` (each quoted). The path is bounded
 (`helios.server.echo`) and escaped like ``user`` and the model's name: quotes, controls and every other
 character that is not printable (U+0085, U+2028 and U+2029, which line-splitting readers take for
@@ -45,6 +46,11 @@ access_logger = logging.getLogger("helios.access")
 # peer (127.0.0.1 by default) from its X-Forwarded-For header as written: other text (a space, a quote,
 # U+0085 from a Latin-1 byte) is quoted and escaped, or it would forge fields or a line of its own.
 _ADDRESS = re.compile(r"[0-9A-Za-z.:%_\[\]-]+")
+# The finish reason a response showed its client where the engine's name differs (the record keeps the
+# engine's, as `helios_requests_finished{reason}` counts them): an end-of-sequence token ends a response
+# with "stop" (`helios.frontend.responses.presentation.finish_reason`). The other reasons are the same
+# words, or ends the client saw as an error (its status or error event).
+_CLIENT_REASONS = {"eos": "stop"}
 
 
 class ApiKeyGuard:
@@ -140,7 +146,8 @@ def access_line(scope: Scope, status: int, record: RequestRecord) -> str:
     fields = [where, f'"{scope.get("method", "")} {path}"', str(status)]
     totals = record.logged_totals()
     if totals is not None:
-        fields.append(f"prompt_tokens={totals[0]} completion_tokens={totals[1]} finish={totals[2]}")
+        reason = _CLIENT_REASONS.get(totals[2], totals[2])
+        fields.append(f"prompt_tokens={totals[0]} completion_tokens={totals[1]} finish={reason}")
         if record.choices:
             fields.append(f"choices={1 + len(record.choices)}")
     first_token_s = [r.first_token_s for r in (record, *record.choices) if r.first_token_s is not None]

@@ -7,10 +7,10 @@ detokenizing, stops, parsing and logprob entries. When a stop string matches, `s
 `stop_matched`) tells the engine with the number of output tokens up to the stop; the engine may
 have generated a few more by then: the processor ignores every token after a stop, so they are never
 shown or counted, and a finish the engine reported for them (EOS, output limit, a cancel, a grammar's
-end; not a failure) is settled as STOP
-with the processor's count before the response sees it (`observe`, the request's metrics record,
-gets the settled event, with the reason the response ends with: ERROR when the output failed, STOP
-when the output's last text completed a stop). A finish that counts fewer output tokens than the processor was given (a
+end) is settled as STOP with the processor's count before the response sees it (a failure keeps its
+reason, with that count too) (`observe`, the request's metrics record, gets the settled event, with
+the reason the response ends with: ERROR when the output failed, STOP when the output's last text
+completed a stop). A finish that counts fewer output tokens than the processor was given (a
 model worker that died or shut down ends its requests without their counts) is settled with the
 processor's count, so the access log counts the tokens the response had. The resulting `OutputStep`s (streamed responses only) and the one terminal
 item are handed to the event loop through a `LoopOutbox` (one `loop.call_soon_threadsafe` wakeup
@@ -205,8 +205,9 @@ class ResponseBridge:
         """The engine's end, settled against a stop the processor matched before it, and against
         the tokens the processor was given (an end reported without its count)."""
         num_output_tokens = self._output.num_output_tokens
-        if self._output.is_stopped and event.reason not in _FAILURES:  # an end reached past the stop
-            return event._replace(reason=FinishReason.STOP, num_output_tokens=num_output_tokens)
+        if self._output.is_stopped:  # an end reached past the stop, whose tokens are neither shown nor counted
+            reason = event.reason if event.reason in _FAILURES else FinishReason.STOP  # a failure still fails
+            return event._replace(reason=reason, num_output_tokens=num_output_tokens)
         if event.num_output_tokens < num_output_tokens:
             return event._replace(num_output_tokens=num_output_tokens)
         return event

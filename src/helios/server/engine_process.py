@@ -6,15 +6,17 @@ before), then orders the engine process (started ahead by `helios.server.engine_
 imports ran beside the serving process's, or started here: `multiprocessing`, spawn) to load it,
 with where the core is and how to load it, and builds its own frontend's tokenizer and grammar
 compiler meanwhile (`while_loading`, `helios.server.frontend_ahead`). The engine process opens the
-core again, loads it, starts the engine and serves it over `helios.runtime.engine_link` (grammar
-matchers compiled again there from their source, against the same tokenizer, by a compiler built once
-the process is ready, on a compile thread that the command loop never waits for:
-`helios.server.engine_grammars`); its first message is
+core again (by path: it must be the core the serving process verified, the same signed body, else
+`CoreReplacedError`: checked before its load where the order carries the digest, and on its ready
+record where the order went ahead of the serving process's open), loads it, starts the engine and
+serves it over `helios.runtime.engine_link` (grammar matchers compiled again there from their
+source, against the same tokenizer, by a compiler built once the process is ready, on a compile
+thread that the command loop never waits for: `helios.server.engine_grammars`); its first message is
 its readiness (the tokenizer and chat template it loaded, and its first stats) or its startup
 error, re-raised here with its type and exit code. The serving process never loads weights or
 touches the device.
 
-The engine process ignores SIGINT and SIGTERM, and SIGUSR1 prints its threads' stacks (as in the
+The engine process ignores SIGINT, SIGTERM and SIGHUP, and SIGUSR1 prints its threads' stacks (as in the
 serving process, `helios.cli.stack_dumps`) rather than ending it (`helios.server.engine_spawn`):
 the serving process decides when it stops (`Shutdown` over the pipe, after the HTTP drain; a kill
 when interrupted while it loads) and it stops by itself when the serving process is gone, also
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from helios.contract import PreparedContract, ResolvedSettings, resolve_settings
-from helios.errors import ExecutionError, HeliosError
+from helios.errors import CoreError, ExecutionError, HeliosError
 from helios.runtime.engine_link import (
     DEFAULT_LIVENESS_TIMEOUT_S, EngineLink, ended_how, serve_link, stats_of, wait_ready,
 )
@@ -69,6 +71,16 @@ class CoreSource:
     accept: str
     trusted_keys: tuple[str, ...]  # public key files or directories
     aes_key: bytes | None = None
+    # The signed body the serving process verified (`Core.body_sha256`): the engine process opens the
+    # file by path again, and refuses another core found there (a redeploy that wrote a new core under
+    # the same name between the two opens). None: not known yet (an order made ahead from the command
+    # line, before the serving process opened the core: its ready record is checked instead).
+    body_sha256: bytes | None = None
+
+
+class CoreReplacedError(CoreError):
+    """The engine process opened a core other than the one the serving process verified (the file
+    was replaced between the two opens)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,7 @@ class _Ready:
     tokenizer_json: bytes
     chat_template: str
     stats: tuple
+    body_sha256: bytes  # the signed body of the core the engine process loaded
 
 
 @dataclass(frozen=True)
@@ -146,6 +159,8 @@ def start_engine_process(source: CoreSource, prepared: PreparedContract, options
     except BaseException:  # interrupted while it loads: nothing to drain, so it is killed
         _stop_unready(process, connection)
         raise
+    if isinstance(message, _Ready) and source.body_sha256 is not None and message.body_sha256 != source.body_sha256:
+        message = _Failed(_replaced(source, message.body_sha256))  # loaded ahead, before this process opened it
     if not isinstance(message, _Ready):
         _stop_unready(process, connection)
         if isinstance(message, _Failed):
@@ -206,7 +221,7 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
     `loaded`, set once the ready record is sent, ends the watch for an orphaned load."""
     hold_freed_memory()
     try:
-        runtime = _load(source, options, torch_threads)
+        runtime, body_sha256 = _load(source, options, torch_threads)
         mark("engine: loaded and started")
     except BaseException as error:  # noqa: BLE001 - reported to the serving process
         report_failure(connection, error)
@@ -217,7 +232,7 @@ def _engine_main(connection, source: CoreSource, options: RuntimeOptions, torch_
 
         model = runtime.model
         stats = stats_fields(runtime.engine.stats.snapshot())
-        if not _send_quietly(connection, _Ready(model.tokenizer_json, model.chat_template, stats)):
+        if not _send_quietly(connection, _Ready(model.tokenizer_json, model.chat_template, stats, body_sha256)):
             return  # the serving process is gone
         loaded.set()
         mark("engine: ready sent")
@@ -247,6 +262,8 @@ def _send_quietly(connection, message) -> bool:
 
 
 def _load(source: CoreSource, options: RuntimeOptions, torch_threads: int | None):
+    """The built runtime and the signed body's digest of the core it loaded (`CoreReplacedError`,
+    before anything of it is loaded, where `source` names another)."""
     import torch
 
     from helios.core.reader import open_core
@@ -257,7 +274,16 @@ def _load(source: CoreSource, options: RuntimeOptions, torch_threads: int | None
     core = open_core(Path(source.path), accept=source.accept, trusted_keys=[Path(p) for p in source.trusted_keys],
                      aes_key=source.aes_key)
     mark("engine: core verified")
-    return build_runtime(core, options)
+    if source.body_sha256 is not None and core.body_sha256 != source.body_sha256:
+        raise _replaced(source, core.body_sha256)
+    return build_runtime(core, options), core.body_sha256
+
+
+def _replaced(source: CoreSource, opened_sha256: bytes) -> CoreReplacedError:
+    return CoreReplacedError(
+        f"the core file {source.path} changed after the serving process verified it: the engine process "
+        f"opened another core (signed body sha256 {opened_sha256.hex()[:16]}..., verified "
+        f"{source.body_sha256.hex()[:16]}...); start the server again to serve the file now there")
 
 
 def _portable(error: BaseException) -> BaseException:

@@ -20,9 +20,11 @@ the process is taken over or ordered (a refused option, a taken port, a signal) 
 `discard`, loading or not; a serving process that is gone stops it too (its orphan watch), and so
 does the end of the pipe.
 
-In the engine process the serving process decides when it stops: SIGINT and SIGTERM are ignored
-from the first line of its entry, and SIGUSR1 prints its threads' stacks (`helios.cli.stack_dumps`
-does this in the serving process).
+In the engine process the serving process decides when it stops: SIGINT, SIGTERM and SIGHUP are
+ignored from the first line of its entry (each reaches a whole process group: Ctrl-C, a group's
+kill, a closed terminal; the serving process drains its responses on them, which needs the engine
+process serving until it orders its shutdown), and SIGUSR1 prints its threads' stacks
+(`helios.cli.stack_dumps` does this in the serving process).
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ def _engine_entry(connection, parent_pid: int, main: Callable | None, device: st
     """The engine process; `parent_pid`: the serving process's (it may be gone before this runs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):  # a closed terminal hangs up the whole process group: the serving process drains
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     mark("engine: entered")
     if hasattr(signal, "SIGUSR1"):  # dumps this process's stacks too, as `helios serve`'s own do
         faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True, chain=False)

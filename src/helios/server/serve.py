@@ -168,23 +168,52 @@ def _configure_access_log(is_on: bool) -> None:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to `host`:`port` (IPv6 when `host` is an IPv6 literal), not yet listening:
-    bound before the model loads, a taken port or an unknown host fails at once, and until `serve`
-    listens a connection is refused rather than left waiting in the backlog. An IPv6 literal may
-    come in brackets, as in a URL (``[::1]``, the form the listening line prints)."""
+    """A TCP socket bound to `host`:`port`, not yet listening: bound before the model loads, a taken
+    port or an unknown host fails at once, and until `serve` listens a connection is refused rather
+    than left waiting in the backlog. `host` is an address or a name, resolved here (`_resolve`); an
+    IPv6 literal may come in brackets, as in a URL (``[::1]``, the form the listening line prints)."""
     address = host[1:-1] if host.startswith("[") and host.endswith("]") and ":" in host else host
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    shown = f"[{host}]" if _is_ipv6_literal(host) else host  # as URLs write it (not a name, nor "ADDRESS:PORT")
+    try:
+        family, sockaddr = _resolve(address)
+    except (OSError, ValueError) as error:  # an unknown name (gaierror), or one no resolver takes (idna)
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ListenError(f"cannot listen on {shown}:{port}: {reason}") from None
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        _bind_exclusively(sock, (address, port))
+        _bind_exclusively(sock, (sockaddr[0], port, *sockaddr[2:]))
     except (OSError, OverflowError) as error:
         sock.close()
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-        shown = f"[{host}]" if family == socket.AF_INET6 and not host.startswith("[") else host  # as URLs write it
         raise ListenError(f"cannot listen on {shown}:{port}: {reason}") from None
     return sock
+
+
+def _is_ipv6_literal(text: str) -> bool:
+    try:
+        socket.inet_pton(socket.AF_INET6, text.partition("%")[0])  # a scoped one's scope is not part of the address
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _resolve(address: str) -> tuple[int, tuple]:
+    """The address family and socket address (port 0) that `address` (a literal or a name) binds:
+    its first IPv4 address where it has one (as a name bound IPv4 before, and as uvicorn binds
+    names), else its first IPv6 one (a name that resolves only to IPv6 addresses: it was bound as
+    IPv4 and failed, the family having been read from a ':' in the text). A scoped IPv6 literal
+    (``fe80::1%eth0``) keeps its scope."""
+    infos = socket.getaddrinfo(address, 0, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    by_family = {}
+    for family, _, _, _, sockaddr in infos:
+        if family in (socket.AF_INET, socket.AF_INET6):
+            by_family.setdefault(family, sockaddr)
+    for family in (socket.AF_INET, socket.AF_INET6):
+        if family in by_family:
+            return family, by_family[family]
+    raise OSError(errno.EAFNOSUPPORT, "the name has no IPv4 or IPv6 address")
 
 
 def _bind_exclusively(sock: socket.socket, address: tuple) -> None:
