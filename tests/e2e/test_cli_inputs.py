@@ -552,7 +552,9 @@ def test_prompts_after_options_and_a_double_dash_may_start_with_a_dash(files, ca
 def test_a_lone_dash_after_the_options_is_the_same_prompt_as_before_them(files, capsys, monkeypatch):
     """`helios generate M.core --accept NS -` failed with "unrecognized arguments: -", while
     `helios generate M.core - --accept NS` took "-" as a prompt (argparse's positional): wherever
-    it stands, a lone "-" is now that one prompt."""
+    it stands, a lone "-" is now that one prompt (standard input's text)."""
+    import io
+
     import helios.cli.generate_cmd as generate_cmd
 
     seen = []
@@ -564,8 +566,9 @@ def test_a_lone_dash_after_the_options_is_the_same_prompt_as_before_them(files, 
     monkeypatch.setattr(generate_cmd, "_open", opened)
     for argv in (["generate", files["core"], "-", "--accept", NAMESPACE],
                  ["generate", files["core"], "--accept", NAMESPACE, "-"]):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"from stdin\n")))
         code, _, err = run(capsys, *argv)
-        assert code == 2 and "stop before opening" in one_line(err) and seen.pop() == ["-"]
+        assert code == 2 and "stop before opening" in one_line(err) and seen.pop() == ["from stdin"]
 
 
 def test_keys_of_the_wrong_type_or_length(files, tmp_path, capsys):
@@ -580,3 +583,76 @@ def test_keys_of_the_wrong_type_or_length(files, tmp_path, capsys):
     (tmp_path / "short.pub").write_text("helios-ed25519 AAAA\n")
     code, _, err = run(capsys, "verify", files["core"], "--accept", NAMESPACE, "--trust", tmp_path / "short.pub")
     assert code == 2 and "32 base64-encoded bytes" in one_line(err) and "short.pub" in err
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_a_core_given_to_the_contract_commands_is_named_as_a_core(files, source, monkeypatch, capsys):
+    """`helios contract check M.core` read the core as a binary bundle: "Wire format was corrupt"."""
+    import io
+
+    path, where = (files["core"], f"{files['core']} is") if source == "file" else ("-", "standard input holds")
+    for command in (["check"], ["show"], ["show", "--settings"]):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(files["core"].read_bytes())))
+        code, out, err = run(capsys, "contract", *command, path)
+        assert code == 2 and out == "" and one_line(err) == (
+            f"helios contract: error: {where} a core, not a contract file; `helios inspect CORE` shows the "
+            "contract a core holds\n")
+
+
+def test_verify_exits_3_for_a_signed_core_whose_manifest_names_a_missing_resource_as_its_help_says(
+        files, tmp_path, capsys):
+    """The exit status was 3 (a contract error) while `helios verify --help` listed 2 and 4 to 7 only."""
+    from core.builders import craft_core, required_resources
+
+    core = craft_core(tmp_path / "dangling.core", [load_signing_key(files["key"])], {},
+                      omit={required_resources()[0][0]})
+    code, _, err = run(capsys, "verify", core, *trusted(files))
+    assert code == 3 and "is not in the core" in one_line(err)
+    with pytest.raises(SystemExit):
+        main(["verify", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "(2 usage, 3 a contract or manifest that breaks a rule" in usage
+
+
+def test_generate_refuses_a_checkpoint_directory_given_for_the_core(tmp_path, capsys, monkeypatch):
+    """`helios generate ./checkpoint "Hello"` took the directory for a prompt and answered both with
+    the embedded model, saying nothing of the checkpoint."""
+    import helios.cli.generate_cmd as generate_cmd
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded a model for a checkpoint directory")
+
+    monkeypatch.setattr(generate_cmd, "_open", no_load)
+    (tmp_path / "config.json").write_text("{}")
+    code, out, err = run(capsys, "generate", tmp_path, "Hello")
+    assert code == 2 and out == "" and one_line(err) == (
+        f"helios generate: error: {tmp_path} is a checkpoint directory; generate takes a prepared core: "
+        f"`helios prepare {tmp_path} -o MODEL.core ...` makes one\n")
+
+
+def test_contract_encode_to_a_dash_writes_standard_output(tmp_path, monkeypatch, capsysbinary):
+    """FILE "-" reads standard input, but OUT "-" wrote a file named "-" in the working directory."""
+    from helios.contract import PreparedContract
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["contract", "encode", str(EXAMPLE), "-"]) == 0
+    out, err = capsysbinary.readouterr()
+    assert out == PreparedContract.from_json(EXAMPLE.read_text()).to_bundle() and err == b"wrote standard output\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rank_exits_3_for_a_core_whose_manifest_names_a_missing_resource_as_its_help_says(files, tmp_path, capsys):
+    """`helios rank` documented 4 to 7 for a core it cannot open (its --help no exit status at all),
+    and exited 3 for this one. A process: the rank ends itself with `os._exit`."""
+    from core.builders import craft_core, required_resources
+
+    core = craft_core(tmp_path / "dangling.core", [load_signing_key(files["key"])], {},
+                      omit={required_resources()[0][0]})
+    done = subprocess.run([sys.executable, "-m", "helios.cli.rank_cmd", str(core), "--join", "127.0.0.1:9",
+                           "--join-timeout", "1", *map(str, trusted(files))],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 3 and "is not in the core" in one_line(done.stderr)
+    with pytest.raises(SystemExit):
+        main(["rank", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "3 to 7 the core cannot be opened or verified" in usage and "8 the rank could not join" in usage

@@ -167,8 +167,8 @@ def test_a_closed_standard_error_keeps_failed_prompts_out_of_the_output(core, mo
                                                     prepared=SimpleNamespace(contract=spb.ServingContract()),
                                                     settings=SimpleNamespace(eos_token_ids=())))
     monkeypatch.setattr(generate_cmd, "build_runtime", lambda *args: runtime)
-    monkeypatch.setattr(generate_cmd, "generate",
-                        lambda *args, **options: [Generation((), FinishReason.REJECTED, 3, "injected rejection")])
+    monkeypatch.setattr(generate_cmd, "_run_batch",
+                        lambda *args: ([Generation((), FinishReason.REJECTED, 3, "injected rejection")], None))
     monkeypatch.setattr(sys, "stderr", None)
     code, out, _ = run_cli(capsys, "generate", core.path, "--accept", core.namespace, "--trust", core.public_key,
                            "--prompt-ids", "[[5, 6, 7]]")

@@ -2,7 +2,7 @@
 
 FILE is either the semantic JSON form (``{"contract": ..., "manifest": ...}``) or the binary
 form (an encoded PreparedContractBundle); the first non-whitespace byte ``{`` selects JSON.
-``-`` reads standard input.
+``-`` reads standard input, and as `encode`'s OUT writes standard output.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from helios.contract import PreparedContract
 from helios.contract.files import load_bytes
 from helios.contract.rules import enum_label
 from helios.core.container import FILE_MODE
+from helios.core.layout import MAGIC as CORE_MAGIC
 from helios.contract import serving_pb2 as spb
 from helios.errors import UsageError
 
@@ -54,7 +55,7 @@ def register(subparsers) -> None:
     encode = commands.add_parser("encode", help="write FILE in the binary bundle form", description=(
         "Decode and validate FILE, then write it to OUT as an encoded PreparedContractBundle."))
     encode.add_argument("file", metavar="FILE", help=FILE_HELP)
-    encode.add_argument("out", metavar="OUT", help="output path of the binary form")
+    encode.add_argument("out", metavar="OUT", help="output path of the binary form; '-' writes stdout")
     encode.set_defaults(func=_encode)
     core = commands.add_parser("example-core", help="prepare FILE into a signed core of tiny random programs",
                                description=(
@@ -87,6 +88,9 @@ def _load(name: str) -> PreparedContract:
         raise UsageError(f"cannot read {name}: {error.strerror or error}") from None
     if data is None:
         raise UsageError(f"{name} is larger than any contract ({MAX_CONTRACT_NBYTES} bytes at most)")
+    if data.startswith(CORE_MAGIC):  # read as a bundle it was "Wire format was corrupt", which said nothing
+        where = "standard input holds" if name == "-" else f"{name} is"
+        raise UsageError(f"{where} a core, not a contract file; `helios inspect CORE` shows the contract a core holds")
     return load_bytes(data)
 
 
@@ -137,6 +141,8 @@ def _example_core(args: argparse.Namespace) -> int:
 
 
 def _encode(args: argparse.Namespace) -> int:
+    if args.out == "-":  # as FILE "-" reads standard input; a file named "-" was written instead
+        return _encode_to_stdout(args)
     output = check_output_path("OUT", args.out, {"contract FILE": args.file}, streams=True)
     prepared = _load(args.file)
     is_stream = output.exists() and not output.is_file()  # /dev/stdout, a FIFO, process substitution
@@ -149,6 +155,18 @@ def _encode(args: argparse.Namespace) -> int:
         else:
             _write_replacing(output.resolve(), prepared.to_bundle())  # through a link, as an open would
     print(f"wrote {args.out}", file=sys.stderr if is_stream else sys.stdout)  # stdout may be the stream
+    return 0
+
+
+def _encode_to_stdout(args: argparse.Namespace) -> int:
+    if sys.stdout is None:  # started with standard output closed (`>&-`)
+        raise UsageError("OUT -: standard output is closed")
+    bundle = _load(args.file).to_bundle()
+    sys.stdout.flush()
+    sys.stdout.buffer.write(bundle)
+    sys.stdout.flush()
+    if sys.stderr is not None:  # closed (`2>&-`): print would write the line into the bundle
+        print("wrote standard output", file=sys.stderr)
     return 0
 
 

@@ -265,8 +265,9 @@ def register(subparsers) -> None:
     verify = subparsers.add_parser(
         "verify", help="verify signatures, authorization and every stored byte of a core",
         description="Check that a trusted key signed CORE, that --accept equals its publisher namespace and "
-        "that every stored byte matches its signed digest; exit 0 only then (2 usage, 4 unreadable core, "
-        "5 stored bytes, 6 signature, 7 authorization).",
+        "that every stored byte matches its signed digest; exit 0 only then (2 usage, 3 a contract or "
+        "manifest that breaks a rule, a resource it names missing among them, 4 unreadable core, 5 stored bytes, "
+        "6 signature, 7 authorization).",
     )
     verify.add_argument("core", metavar="CORE", help="core file to verify")
     add_core_options(verify)

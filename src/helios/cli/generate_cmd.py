@@ -6,7 +6,13 @@ Without a core file the embedded default model is used (prepared into the cache 
 is an existing file or ends in ``.core``; otherwise every positional is a prompt. Output into a
 pipe whose reader stopped (``| head``) ends quietly with status 141, as SIGPIPE would end it; a
 closed standard output (``>&-``) is refused before anything loads, and with standard error closed
-(``2>&-``) its lines are dropped rather than printed among the output.
+(``2>&-``) its lines are dropped rather than printed among the output. The prompt ``-`` is the
+whole of standard input (``cat question.txt | helios generate -``).
+
+Ctrl-C (SIGINT) or SIGTERM while the batch generates still prints every prompt's output, those
+that had not finished cut where they stopped (``finish_reason`` "cancelled" under --json), then
+one line on standard error and status 130 or 143: the results only come at the end of the batch,
+so an interrupted run printed nothing of minutes of generation.
 
 Every mistake the command line can hold is refused before the model loads (exit 2): option values
 before the core is opened, and prompts (tokenized with the core's tokenizer, read before the load)
@@ -27,6 +33,7 @@ from tokenizers import Tokenizer
 
 from helios.cli.core_options import add_core_options, aes_key_from_args, open_core_from_args
 from helios.cli.rank_options import add_rank_options, rank_options_from_args
+from helios.cli.termination import Terminated, terminate_as_exception
 from helios.core.reader import open_core
 from helios.errors import LoadError, UsageError
 from helios.frontend.decoding.detokenize import IncrementalDetokenizer
@@ -35,13 +42,26 @@ from helios.cli.runtime_flags import MAX_COUNT, add_runtime_flags, runtime_flags
 from helios.contract import StartupOptions
 from helios.frontend.decoding.text_bounds import is_unicode_text
 from helios.runtime.loading.model import resource_of_kind
-from helios.runtime.offline import generate
+from helios.runtime.engine import EngineRequest
+from helios.runtime.offline import Generation
+from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.records.request import RequestSpec
 from helios.runtime.records.sampling_params import SamplingParams, signed_seed
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.heap import frozen_heap
 
 DEFAULT_MAX_TOKENS = 64  # an output limit per prompt where --max-tokens is not given (capped by the context)
 EXIT_BROKEN_PIPE = 141  # as a shell reports a command SIGPIPE ended (128 + 13)
+EXIT_INTERRUPTED = 130  # as a shell reports a command SIGINT ended (128 + 2); SIGTERM's is Terminated.exit_code
+STDIN_PROMPT = "-"  # the prompt that is the whole of standard input
+MAX_STDIN_NBYTES = 64 * 1024 * 1024  # far past any context extent: /dev/zero is refused, not read for ever
+EXIT_STATUS_HELP = (
+    "exit status: 0 every prompt generated; 1 a file that cannot be read; 2 a usage mistake (options, "
+    "prompts that do not fit the core), refused before the model loads; 3 to 8 the core cannot be opened, "
+    "verified, admitted or loaded; 9 a prompt failed or was rejected (its line on stderr); 130 / 143 "
+    "interrupted by SIGINT / SIGTERM (the outputs so far are printed first); 141 the reader of the output "
+    "stopped (| head)."
+)
 
 
 def register(subparsers) -> None:
@@ -49,10 +69,14 @@ def register(subparsers) -> None:
         "generate", help="generate from a core offline (all prompts in one batch)",
         description="Load a verified core and generate for every prompt through the same runtime the "
         "server uses. Prompts are text (tokenized with the core's tokenizer; --chat applies its chat "
-        "template to each as a user message) or token ids (--prompt-ids).",
+        "template to each as a user message) or token ids (--prompt-ids). Every prompt's output is printed "
+        "at the end of the batch, one per prompt in order.",
+        epilog=EXIT_STATUS_HELP,
     )
     parser.add_argument("core", nargs="?", metavar="MODEL.core", help="core file (default: the embedded default model, chat prompts)")
-    parser.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt texts")
+    parser.add_argument("prompts", nargs="*", metavar="PROMPT",
+                        help=f"prompt texts; {STDIN_PROMPT} is one prompt, the whole of standard input (UTF-8, "
+                             "without its final line end)")
     parser.add_argument("--prompt-ids", metavar="JSON", help='JSON list of token-id lists, e.g. "[[1, 2, 3]]"')
     parser.add_argument("--chat", action="store_true", help="render each prompt as a user message with the chat template")
     parser.add_argument("--max-tokens", type=int, default=None, metavar="N",
@@ -107,22 +131,62 @@ def _parsed_prompt_ids(text: str) -> list[list[int]]:
 
 
 def _is_core_path(text: str) -> bool:
+    if text == STDIN_PROMPT:  # the prompt read from standard input, even beside a file named "-"
+        return False
     try:
         return text.endswith(".core") or Path(text).is_file()
     except OSError:  # a prompt no path can be (too long a name, say)
         return False
 
 
+def _is_checkpoint_dir(text: str) -> bool:
+    try:
+        return (Path(text) / "config.json").is_file()
+    except OSError:  # a prompt no path can be
+        return False
+
+
 def _split_core_and_prompts(args: argparse.Namespace) -> None:
     """The first positional is the core when it names one, else the first prompt; then exactly one of
-    prompt texts and --prompt-ids must be given (checked before any load)."""
+    prompt texts and --prompt-ids must be given (checked before any load). The prompt `-` is replaced
+    by standard input's text (`_stdin_prompt`)."""
     if args.core is not None and not _is_core_path(args.core):
+        if _is_checkpoint_dir(args.core):  # else taken for a prompt, answered by the embedded model
+            raise UsageError(f"{args.core} is a checkpoint directory; generate takes a prepared core: "
+                             f"`helios prepare {args.core} -o MODEL.core ...` makes one")
         args.prompts = [args.core, *(args.prompts or [])]
         args.core = None
     if bool(args.prompts) == bool(args.prompt_ids):
         raise UsageError("give prompt texts or --prompt-ids, not both or neither")
     if args.chat and args.prompt_ids:  # ids are the prompt as given: no template renders them
         raise UsageError("--chat renders prompt texts with the chat template; --prompt-ids are used as given")
+    if args.prompts.count(STDIN_PROMPT) > 1:  # standard input is read once: a second would be empty
+        raise UsageError(f"the prompt {STDIN_PROMPT} (standard input) is given more than once")
+    args.prompts = [_stdin_prompt() if text == STDIN_PROMPT else text for text in args.prompts]
+
+
+def _stdin_prompt() -> str:
+    """The prompt `-`: the whole of standard input as UTF-8 text, without one final line end (as
+    ``echo TEXT |`` adds one: the same prompt as TEXT given as an argument). Refused (`UsageError`)
+    when standard input is closed, empty (a mistake upstream: ``< /dev/null``, a command that
+    printed nothing), larger than `MAX_STDIN_NBYTES` or not UTF-8."""
+    if sys.stdin is None:  # started with standard input closed (`<&-`)
+        raise UsageError(f"the prompt {STDIN_PROMPT} reads standard input, which is closed")
+    try:
+        data = sys.stdin.buffer.read(MAX_STDIN_NBYTES + 1)
+    except OSError as error:
+        raise UsageError(f"cannot read the prompt {STDIN_PROMPT} from standard input: "
+                         f"{error.strerror or error}") from None
+    if not data:
+        raise UsageError(f"standard input is empty: the prompt {STDIN_PROMPT} is read from it")
+    if len(data) > MAX_STDIN_NBYTES:
+        raise UsageError(f"standard input holds more than {MAX_STDIN_NBYTES} bytes: no prompt is that long")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"the prompt {STDIN_PROMPT}: standard input is not UTF-8 text (byte {error.start} "
+                         f"is {data[error.start]:#04x})") from None
+    return text.removesuffix("\n").removesuffix("\r")
 
 
 def _open(args: argparse.Namespace):
@@ -228,7 +292,8 @@ def _output_text(tokenizer: Tokenizer, token_ids, context_ids, clean_up_spaces: 
 
 
 def _generate(args: argparse.Namespace, runtime) -> int:
-    """Generates for `args.prompt_token_ids` (the checked prompts `run` tokenized) and prints the results."""
+    """Generates for `args.prompt_token_ids` (the checked prompts `run` tokenized) and prints the
+    results; interrupted (SIGINT, SIGTERM), it prints what the prompts have so far, then says so."""
     model = runtime.model
     tokenizer = Tokenizer.from_str(model.tokenizer_json.decode("utf-8"))
     prompts = args.prompt_token_ids
@@ -237,7 +302,7 @@ def _generate(args: argparse.Namespace, runtime) -> int:
                               seed=signed_seed(args.seed))
     # The seed is always chosen here (--seed, default 0): each prompt gets what that seed draws for it
     # alone, with or without other prompts and speculation beside it.
-    results = generate(runtime.engine, prompts, args.output_limits, eos, sampling, pinned_seed=True)
+    results, stop = _run_batch(runtime.engine, prompts, args.output_limits, eos, sampling)
     try:
         for prompt, result in zip(prompts, results):
             text = _output_text(tokenizer, result.token_ids, () if getattr(args, "chat", False) else prompt,
@@ -252,6 +317,53 @@ def _generate(args: argparse.Namespace, runtime) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
         return EXIT_BROKEN_PIPE
     failed = [r for r in results if r.finish_reason.name in ("ERROR", "REJECTED")]
-    for result in failed if sys.stderr is not None else ():  # closed (`2>&-`): print would write to stdout
-        print(f"helios generate: {result.finish_reason.name.lower()}: {result.message}", file=sys.stderr)
+    for result in failed:
+        _say(f"{result.finish_reason.name.lower()}: {result.message}")
+    if stop is not None:  # the prompts cut short end CANCELLED: no line each, this one says why
+        finished = sum(r.finish_reason is not FinishReason.CANCELLED for r in results)
+        how = "terminated" if isinstance(stop, Terminated) else "interrupted"
+        _say(f"{how}: {finished} of {len(results)} prompts finished; the others' outputs are cut where they stopped")
+        return stop.exit_code if isinstance(stop, Terminated) else EXIT_INTERRUPTED
     return 9 if failed else 0
+
+
+def _say(line: str) -> None:
+    """One line on standard error; none when it is closed (`2>&-`: print would write to stdout)."""
+    if sys.stderr is not None:
+        print(f"helios generate: {line}", file=sys.stderr)
+
+
+def _run_batch(engine, prompts: list[list[int]], limits: list[int], eos, sampling: SamplingParams,
+               ) -> tuple[list[Generation], BaseException | None]:
+    """Runs every prompt as one request (as `helios.runtime.offline.generate` does, each with its
+    seed pinned) until all end, or until SIGINT or SIGTERM (`Terminated` inside) stops the run: then
+    the second value is that stop, and a prompt that had not ended is its tokens so far, CANCELLED
+    (what the engine's shutdown, later, ends it with). The outputs are kept here, outside the
+    engine's run, so that an interrupted batch still has them; the engine is left to `runtime.close`."""
+    tokens: list[list[int]] = [[] for _ in prompts]
+    ends: list[FinishEvent | None] = [None] * len(prompts)
+
+    def recorder(index: int):
+        def record(event) -> None:
+            if isinstance(event, TokenEvent):
+                tokens[index].extend(event.token_ids)
+            else:
+                ends[index] = event
+        return record
+
+    stop = None
+    try:
+        with terminate_as_exception():
+            for index, (prompt, limit) in enumerate(zip(prompts, limits)):
+                spec = RequestSpec(f"offline-{index}", tuple(prompt), limit, frozenset(eos), sampling=sampling,
+                                   pinned_seed=True)
+                engine.submit(EngineRequest(spec, recorder(index)))
+            engine.run_until_idle()
+    except (KeyboardInterrupt, Terminated) as error:
+        stop = error
+    results = [
+        Generation(tuple(t), end.reason, end.num_prompt_tokens, end.message) if end is not None
+        else Generation(tuple(t), FinishReason.CANCELLED, len(prompt), "interrupted before it finished")
+        for prompt, t, end in zip(prompts, tokens, ends)
+    ]
+    return results, stop  # a copy: what the shutdown's wind-down records later is not among them

@@ -15,7 +15,8 @@ Every outcome is one line on stderr (``helios rank: ...``, no traceback) and an 
   ``--torch-threads`` outside 1..1024, a ``--join-timeout`` that is not a positive number of seconds
   up to a year), or a
   ``--trust`` or ``--aes-key`` file that cannot be read or is not a key of that kind;
-* 4 to 7: the core cannot be opened, verified or is not admitted (`helios.errors`);
+* 3 to 7: the core cannot be opened or verified (3: its contract or manifest breaks a rule) or is
+  not admitted (`helios.errors`);
 * 8: the rank could not join: rank zero unreachable within ``--join-timeout``, gone before the
   group formed (also while this rank loads), a rank out of range or already taken, a device that
   does not fit rank zero's, a core that is not rank zero's (rank zero is told why) or one not
@@ -76,6 +77,10 @@ def register(subparsers) -> None:
         "rank", help="serve one tensor-parallel rank of a core for rank zero",
         description="Join rank zero's rendezvous, load this rank of the core and run rank zero's plans "
         "until it stops. The core must be the one rank zero serves.",
+        epilog="exit status: 0 rank zero stopped the group; 2 a bad option or key file; 3 to 7 the core cannot "
+        "be opened or verified (its contract among it) or is not admitted; 8 the rank could not join (rank zero unreachable or gone, a "
+        "rank taken or out of range, a core or device that does not fit rank zero's); 9 the group broke while "
+        "serving; 130 / 143 stopped by SIGINT / SIGTERM; 1 anything else.",
     )
     parser.add_argument("core", help="core file (the same core rank zero serves)")
     parser.add_argument("--join", required=True, metavar="HOST:PORT", help="rank zero's rendezvous address")
