@@ -302,9 +302,10 @@ def reference(case: FamilyCase, hf, body: dict, developer_as_system: bool) -> tu
         elif "thinking is defined" in hf.chat_template:  # DeepSeek-V3.1's switch
             kwargs["thinking"] = effort != "none"
     messages, tools, kwargs = chat_template_utils.mark_control_tokens([messages, tools, kwargs], control)
+    continued = bool(body.get("continue_final_message"))  # vLLM's prefill: no generation prompt
     rendered, _ = chat_template_utils.render_jinja_template(
-        conversations=[messages], tools=tools, chat_template=hf.chat_template, add_generation_prompt=True,
-        **{**hf.special_tokens_map, **kwargs})
+        conversations=[messages], tools=tools, chat_template=hf.chat_template, add_generation_prompt=not continued,
+        continue_final_message=continued, **{**hf.special_tokens_map, **kwargs})
     text = rendered[0]
     plain = marked.sub(lambda match: match.group(1) or "", text)
     return plain, chat_template_utils.encode_marked_chat(hf, text), plain != text
@@ -367,6 +368,21 @@ def test_random_conversations_render_as_transformers_does(family, markers):
     case = family[0]
     for seed in range(CONVERSATIONS_PER_FAMILY):
         check_request(family, draw_request(case, seed * 2 + markers, markers))
+
+
+@pytest.mark.parametrize("markers", [False, True], ids=["plain", "markers"])
+def test_a_continued_final_message_renders_as_transformers_does(family, markers):
+    """``continue_final_message`` (vLLM's assistant prefill): drawn conversations ending in an
+    assistant message with text, the prompt cut right after that text as transformers cuts it
+    (``apply_chat_template(..., continue_final_message=True)``), or refused where it refuses."""
+    case = family[0]
+    for seed in range(CONVERSATIONS_PER_FAMILY // 4):
+        body = draw_request(case, 1000 + seed * 2 + markers, markers)
+        draw = Draw(seed, markers)
+        if body["messages"][-1]["role"] != "assistant" or body["messages"][-1].get("tool_calls"):
+            body["messages"].append({"role": "assistant", "content": draw.content(marker_ok=False)})
+        body["continue_final_message"] = True
+        check_request(family, body)
 
 
 def test_a_tool_result_may_name_its_function(family):
@@ -496,7 +512,9 @@ def test_a_refused_rendering_names_the_field_at_fault(qwen_tokenizer):
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"s": "\\ud800"}'}}
     refused = [
         ([{"role": "system", "content": "s"}], None, "messages", "no system messages"),
-        ([{"role": "user", "content": "u"}], {"add_generation_prompt": False}, "chat_template_kwargs", "may not set"),
+        ([{"role": "user", "content": "u"}], {"messages": []}, "chat_template_kwargs", "may not set"),
+        # vLLM's rendering options are accepted here (test_continue_final_message), as booleans only
+        ([{"role": "user", "content": "u"}], {"add_generation_prompt": 0}, "chat_template_kwargs", "must be a boolean"),
         # jinja2's globals and a template's `self`: "'int' object is not callable", naming messages, before
         ([{"role": "user", "content": "u"}], {"namespace": 1}, "chat_template_kwargs", "may not set 'namespace'"),
         ([{"role": "user", "content": "u"}], {"self": 1}, "chat_template_kwargs", "may not set 'self'"),

@@ -388,3 +388,29 @@ def test_a_template_without_a_thinking_switch_renders_unchanged():
     assert effective_template_kwargs("none", {"x": 1}, None) == {"x": 1}
     assert effective_template_kwargs("low", None, "enable_thinking") == {"enable_thinking": True}
     assert effective_template_kwargs(None, None, "enable_thinking") is None
+
+
+def test_a_continued_final_message_decodes_its_output_in_the_prompts_context(qwen):
+    """The output continuing a final assistant message is decoded after the prompt's ids, as a text
+    completion's is: on a SentencePiece-style tokenizer the first word's ``▁`` is then the space the
+    message's text runs into ("The answer is" + ``▁42`` reads " 42"), where decoded as the first
+    token of a sequence it lost it (vLLM keeps it)."""
+    import dataclasses
+
+    from .test_logprob_offsets_spm import DECODERS, sentencepiece_like
+
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}]
+    continued = qwen.prepare_chat(chat(qwen, messages=messages, continue_final_message=True))
+    plain = qwen.prepare_chat(chat(qwen, messages=messages[:1]))
+    assert continued.output.continues_prompt and not plain.output.continues_prompt
+    spm = sentencepiece_like(DECODERS["llama-2"])
+    ids = spm.encode("The answer is the fox", add_special_tokens=False).ids
+    cut = len(spm.encode("The answer is", add_special_tokens=False).ids)
+    assert spm.decode(ids[cut:]) == "the fox"  # alone, the first word loses its space
+    for factory, expected in ((continued.output, " the fox"), (plain.output, "the fox")):
+        output = dataclasses.replace(factory, tokenizer=spm, prompt_token_ids=tuple(ids[:cut])).create()
+        steps = [output.feed(token_id, None) for token_id in ids[cut:]]
+        final = output.finish(FinishReason.LENGTH, 0)
+        text = "".join(getattr(event, "text", "") for step in steps for event in step.events)
+        text += "".join(getattr(event, "text", "") for event in final.events)
+        assert text == expected

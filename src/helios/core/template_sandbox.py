@@ -13,7 +13,11 @@ exhausts memory or CPU:
   `**` before they build an integer past `MAX_INT_BITS`, width arguments of the padding methods and
   filters (``center``, ``ljust``, ``indent``, ``tojson(indent=...)``, ...), `replace`, `join`, `translate`,
   ``wordwrap(wrapstring=...)`` and ``urlize(target=..., rel=...)`` before they build a string past
-  the cap, and `sum` joins lists in one pass, weighed first (bytes, from ``str.encode``, as strings);
+  the cap, and so are the filters and methods that grow every character by up to a fixed factor
+  (``escape``, ``xmlattr``, ``urlencode``, ``tojson``'s escapes, case mappings) and format strings
+  whose fields repeat an argument; `list` (and ``batch``, ``slice`` and ``sort``) of a string weighs
+  its characters before it lists them, and `list` of any other iterable weighs its items as they
+  come; `sum` joins lists in one pass, weighed first (bytes, from ``str.encode``, as strings);
   the rendered text may not exceed it either;
 - time: every call (macros, methods, `caller`, recursive `loop`) and every loop counts a step,
   and every `CHECK_EVERY` steps the render's thread CPU time is compared with
@@ -88,7 +92,11 @@ def _raise_exception(message: str) -> None:
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None, separators=None,
             sort_keys: bool = False) -> str:
     _check_width(len(indent) if isinstance(indent, str) else indent)
-    _check_size(_text_len(value) * (1 + (len(indent) if isinstance(indent, str) else indent or 0)), "a JSON text")
+    spread = 1 + (len(indent) if isinstance(indent, str) else indent if _is_int(indent) and indent > 0 else 0)
+    weight = _text_len(value)
+    _check_size(weight * spread, "a JSON text")
+    if weight * spread * (JSON_ASCII_GROWTH if ensure_ascii else JSON_GROWTH) > _max_chars():
+        _check_size((weight + _json_growth(value, bool(ensure_ascii), {})) * spread, "a JSON text")
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -155,11 +163,18 @@ def _check_format(spec: Any) -> None:
             raise RenderLimitExceeded(f"the format field {match.group(0)!r} is too wide")
 
 
-def _check_arguments(values: Iterable) -> None:
-    """Refuses formatting arguments whose text would pass the cap (see `_text_len`)."""
+def _check_arguments(values: Iterable, spec: Any = "") -> None:
+    """Refuses formatting arguments whose text would pass the cap (see `_text_len`), and a format
+    `spec` whose fields could print them past it: each field prints at most the longest argument,
+    and a field may print the same one again (``'%s%s%s'|format(s, s, s)``, ``'{0}{0}'.format(s)``
+    and ``'%(a)s%(a)s' % m`` built one copy of s per field in one call)."""
+    longest = 0
     for value in values:
         if isinstance(value, (list, tuple, dict)):
             _check_size(_text_len(value), "a formatted text")
+        longest = max(longest, _text_len(value) if isinstance(value, (list, tuple, dict, str)) else 0)
+    if isinstance(spec, str) and longest:
+        _check_size(len(spec) + max(spec.count("%"), spec.count("{")) * longest, "a formatted text")
 
 
 def _check_width(width: Any) -> None:
@@ -234,7 +249,10 @@ def _check_str_method(method: Any, args: tuple, kwargs: Mapping[str, Any]) -> No
     name = bound.__name__
     if name in ("format", "format_map"):
         _check_format(owner)
-        _check_arguments((*args, *kwargs.values()))
+        values = (*args, *kwargs.values())
+        if name == "format_map" and args and isinstance(args[0], Mapping):
+            values = tuple(args[0].values())
+        _check_arguments(values, owner if owner.__class__ is str else owner.decode("latin-1"))
         return
     kwargs = {k: v for k, v in kwargs.items() if k not in ("_loop_vars", "_block_vars")}  # jinja's own
     if name in _WIDTH_METHODS:
@@ -252,6 +270,8 @@ def _check_str_method(method: Any, args: tuple, kwargs: Mapping[str, Any]) -> No
             _check_size(sum(_sized(item) for item in items) + len(owner) * len(items), "a join")
     elif name == "translate" and args and owner.__class__ is str:
         _check_translate(owner, args[0])
+    elif name in _CASE_METHODS:
+        _check_case(owner)
 
 
 def _check_indent(text: Any, width: Any = 4, *_: Any) -> None:
@@ -306,16 +326,138 @@ def _check_urlize(text: Any, trim_url_limit: Any = None, nofollow: Any = False, 
         _check_size(len(text) + links * extra, "a urlize")
 
 
+# Case mappings write at most three characters for one (``'ŉ'.upper()`` is ``'ʼN'``, ``'ΐ'.upper()`` three).
+_CASE_METHODS = frozenset(("upper", "lower", "title", "capitalize", "swapcase", "casefold"))
+CASE_GROWTH = 3
+# What one character of a string grows to in the filters that escape or quote it, at most: HTML
+# escaping (``&#34;``), URL quoting (``%F0%9F%98%80`` for a 4-byte character), JSON (``\u0001``, and with
+# ``ensure_ascii`` ``\ud83d\ude00`` for one astral character). Only where the input times its growth could
+# pass the cap is the text measured exactly (the few characters that grow counted, nothing built).
+ESCAPE_GROWTH, URL_GROWTH, JSON_GROWTH, JSON_ASCII_GROWTH = 5, 12, 6, 12
+_HTML_ESCAPES = (("&", 4), ("<", 3), (">", 3), ('"', 4), ("'", 4))  # characters and what escaping adds
+_URL_SAFE = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~/"
+_JSON_SHORT = re.compile(r'["\\\n\r\t\x08\x0c]')  # two characters each (\n, \\)
+_JSON_CONTROL = re.compile(r"[\x00-\x07\x0b\x0e-\x1f]")  # six each (\u0001)
+_JSON_WIDE = re.compile(r"[\x7f-\uffff]")  # six each with ensure_ascii (DEL too)
+_JSON_ASTRAL = re.compile(r"[\U00010000-\U0010ffff]")  # twelve each with ensure_ascii (a surrogate pair)
+LIST_ITEM_WEIGHT = 5  # a one-character string in a list, as `_text_len` weighs it: "'x', "
+
+
+def _count(pattern: re.Pattern, text: str) -> int:
+    return pattern.subn("", text)[1]  # builds at most the text again, never a list of matches
+
+
+def _check_case(text: Any) -> None:
+    if isinstance(text, str) and len(text) * CASE_GROWTH > _max_chars():
+        _check_size(len(text) * CASE_GROWTH, "a case mapping")
+
+
+def _check_escape(value: Any) -> None:
+    """``escape`` (``e``, ``forceescape``) of a value: a string grows by its escaped characters, a
+    container by its text's (Markup is not escaped again)."""
+    if len_bound := _escape_bound(value):
+        _check_size(len_bound, "an escaped text")
+
+
+def _escape_bound(value: Any) -> int:
+    """The length of `value` escaped, or 0 where it cannot pass the cap (measured only then)."""
+    if hasattr(value, "__html__") and not isinstance(value, str):
+        return 0
+    if isinstance(value, (list, tuple, dict)):
+        return _text_len(value) * ESCAPE_GROWTH
+    if not isinstance(value, str) or len(value) * ESCAPE_GROWTH <= _max_chars():
+        return 0
+    return len(value) + sum(value.count(char) * extra for char, extra in _HTML_ESCAPES)
+
+
+def _check_xmlattr(items: Any, *_: Any, **__: Any) -> None:
+    """``xmlattr``: each item as `` key="escaped value"``."""
+    if isinstance(items, dict):
+        _check_size(sum(_text_len(key) + 4 + (_escape_bound(value) or _text_len(value)) for key, value in items.items()),
+                    "an attribute text")
+
+
+def _check_urlencode(value: Any) -> None:
+    """``urlencode``: a string quoted by its UTF-8 bytes, three characters for each byte that is not
+    safe; a mapping or list of pairs, each key and value so (measured by its text's weight)."""
+    if isinstance(value, str):
+        if len(value) * URL_GROWTH > _max_chars():
+            data = value.encode("utf-8", "surrogatepass")
+            _check_size(len(data) + 2 * len(data.translate(None, _URL_SAFE)), "a URL-quoted text")
+    elif isinstance(value, (list, tuple, dict)):
+        _check_size(_text_len(value) * URL_GROWTH, "a URL-quoted text")
+
+
+def _json_growth(value: Any, ensure_ascii: bool, known: dict) -> int:
+    """How many characters JSON escaping adds to the strings of `value` (keys too); containers
+    walked once, counted as often as they occur (as `_weigh`)."""
+    cls = value.__class__
+    if cls is str:
+        grown = _count(_JSON_SHORT, value) + 5 * _count(_JSON_CONTROL, value)
+        if ensure_ascii:
+            grown += 5 * _count(_JSON_WIDE, value) + 11 * _count(_JSON_ASTRAL, value)
+        return grown
+    if isinstance(value, (dict, list, tuple)):
+        found = known.get(id(value))
+        if found is None:
+            known[id(value)] = 0
+            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+            found = known[id(value)] = sum(_json_growth(item, ensure_ascii, known) for item in items)
+        return found
+    return 0
+
+
+def _bounded_list(value: Any) -> list:
+    """jinja's `list`, weighed as `_text_len` weighs a list: a string's characters before they are
+    listed (``('😀' * 2**24)|list`` held 16 M strings of 80 bytes), other iterables (``map``,
+    ``batch``, ``unique``) item by item as they come; a sized container lists the references it holds."""
+    if isinstance(value, str):
+        _check_size(len(value) * LIST_ITEM_WEIGHT + 2, "a list of characters")
+        return list(value)
+    if isinstance(value, (list, tuple, dict, range, set, frozenset)):
+        return list(value)
+    items, weight = [], 2
+    for item in bounded_iter(value):
+        weight += _text_len(item) + 2
+        _check_size(weight, "a list")
+        items.append(item)
+    return items
+
+
+def _check_groups(value: Any, size: Any, fill_with: Any = None, *, groups: Any = None) -> None:
+    """``batch``/``slice`` of a string: lists of its characters (and `fill_with`), weighed as listed."""
+    if isinstance(value, str) and _is_int(size) and size > 0:
+        count = min(groups, len(value) + 1) if _is_int(groups) else -(-len(value) // size)
+        fills = count if _is_int(groups) else size - 1  # `slice` may fill every list, `batch` its last
+        fill = (_text_len(fill_with) + 2) * fills if fill_with is not None else 0
+        _check_size(len(value) * LIST_ITEM_WEIGHT + 4 * count + fill + 2, "a list of characters")
+
+
 def _check_filter(name: str, args: tuple, kwargs: Mapping[str, Any]) -> None:
     """The widths and sizes of the module docstring, for the filters that can build large values."""
     if name in ("center", "batch", "slice"):
         for value in (*args[1:], *kwargs.values()):
             _check_width(value)
+        if name == "batch" and len(args) >= 2:
+            _check_groups(args[0], args[1], *args[2:3], **{k: v for k, v in kwargs.items() if k == "fill_with"})
+        elif name == "slice" and len(args) >= 2:
+            fill = args[2] if len(args) > 2 else kwargs.get("fill_with")
+            _check_groups(args[0], 1, fill, groups=args[1])
+    elif name in ("escape", "e", "forceescape") and args:
+        _check_escape(args[0])
+    elif name == "xmlattr" and args:
+        _check_xmlattr(*args, **kwargs)
+    elif name == "urlencode" and args:
+        _check_urlencode(args[0])
+    elif name in _CASE_METHODS and args:
+        _check_case(args[0])
+    elif name == "sort" and args and isinstance(args[0], str):
+        _check_size(len(args[0]) * LIST_ITEM_WEIGHT + 2, "a list of characters")
     elif name == "indent" and args:
         _check_indent(*args[:2], **{k: v for k, v in kwargs.items() if k == "width"})
     elif name == "format" and args:
         _check_format(args[0])
-        _check_arguments((*args[1:], *kwargs.values()))
+        _check_arguments((*args[1:], *kwargs.values()), args[0])
     elif name == "replace" and len(args) >= 3:
         _check_replace(*args[:3])
     elif name == "join" and args and isinstance(args[0], (list, tuple)):
@@ -330,7 +472,8 @@ def _check_filter(name: str, args: tuple, kwargs: Mapping[str, Any]) -> None:
 
 
 _GROWING_FILTERS = frozenset(("center", "batch", "slice", "indent", "format", "replace", "join", "string",
-                              "pprint", "wordwrap", "urlize"))
+                              "pprint", "wordwrap", "urlize", "escape", "e", "forceescape", "xmlattr", "urlencode",
+                              "upper", "lower", "title", "capitalize", "sort"))
 
 
 def _bounded_filter(name: str, function: Any) -> Any:
@@ -516,6 +659,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                                            for name in _GROWING_FILTERS if name in self.filters}}
         self.filters["tojson"] = _tojson
         self.filters["sum"] = _bounded_sum
+        self.filters["list"] = _bounded_list
         self.filters[ITER_FILTER] = bounded_iter
         self.filters[CONCAT_FILTER] = bounded_concat
         self.filters[BUILT_FILTER] = weighed
@@ -550,8 +694,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             if _is_int(left) and _is_int(right) and abs(left) > 1 and right * abs(left).bit_length() > MAX_INT_BITS:
                 raise RenderLimitExceeded(f"the power {left} ** {right} is too large")
         elif operator == "%" and isinstance(left, (str, bytes)):
-            _check_format(left if isinstance(left, str) else left.decode("latin-1"))
-            _check_arguments(right if isinstance(right, tuple) else (right,))
+            spec = left if isinstance(left, str) else left.decode("latin-1")
+            _check_format(spec)
+            values = right if isinstance(right, tuple) else (right, *right.values()) if isinstance(right, dict) else (right,)
+            _check_arguments(values, spec)
         return self.binop_table[operator](left, right)
 
 

@@ -127,7 +127,7 @@ class OutputFactory:
     ingress_ns: int | None
     token_texts: TokenTexts | None = None  # set when the request asks for log-probabilities
     prompt_scoring: PromptScoring | None = None  # echo, prompt scores, max_tokens 0
-    is_constrained: bool = False  # a grammar constrains the output
+    continues_prompt: bool = False  # a grammar constrains the output, or it continues the final message
     clean_up_spaces: bool = False  # the core's `clean_up_tokenization_spaces`: the detokenizer cleans
 
     def for_choice(self, request_id: str) -> OutputFactory:
@@ -141,10 +141,11 @@ class OutputFactory:
             pipeline = OutputPipeline(PlainText())
         else:
             pipeline = OutputPipeline.create(self.frontend.output, self.frontend.delimiters, self.request)
-        # A text completion continues its prompt, and a constrained output is the text its grammar
-        # matched: decoded as the first token of a sequence, a SentencePiece ▁ word would lose the
-        # leading space the grammar saw (a regex " \d" answered "3").
-        continues = self.frontend is None or self.is_constrained
+        # A text completion continues its prompt, and so does a chat output continuing the final
+        # message (`continue_final_message`); a constrained output is the text its grammar matched:
+        # decoded as the first token of a sequence, a SentencePiece ▁ word would lose the leading
+        # space the grammar saw (a regex " \d" answered "3") or the message's text ran into.
+        continues = self.frontend is None or self.continues_prompt
         return OutputProcessor(
             IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False,
                                    context_ids=self.prompt_token_ids if continues else (),
@@ -314,7 +315,9 @@ class FrontendModel:
             getattr(body, "reasoning_effort", None), body.chat_template_kwargs, self._thinking_switch)
         self._text_bounds.check(strings_of([without_image_urls(messages), tools, template_kwargs]), "messages")
         check_image_parts(messages, self._images)
-        prompt = self._prompts.build(messages, tools, template_kwargs=template_kwargs)
+        prompt = self._prompts.build(messages, tools, template_kwargs=template_kwargs,
+                                     add_generation_prompt=body.add_generation_prompt,
+                                     continue_final_message=body.continue_final_message)
         prompt, images = with_images(prompt, self._images)
         answer = None
         if has_structured_output(body):
@@ -334,7 +337,7 @@ class FrontendModel:
         head = self._head(f"chatcmpl-{request_id}", created, ResponseKind.CHAT, response, prompt.token_ids,
                           logprobs)
         factory = self._factory(self._syntax, output_request, stops, response, prompt.token_ids, ingress_ns,
-                                logprobs, is_constrained=grammar is not None)
+                                logprobs, continues_prompt=grammar is not None or prompt.continues_message)
         return PreparedChat(
             request_id, head, prompt.token_ids, params, grammar, prompt.stable_prefix_len, factory, prompt=prompt,
             images=images,
@@ -455,7 +458,7 @@ class FrontendModel:
 
     def _factory(self, syntax: FrontendSyntax | None, request: OutputRequest | None, stops: StopOptions,
                  response: ResponseOptions, prompt_ids: tuple[int, ...], ingress_ns: int | None,
-                 logprobs: LogprobRequest, *, is_constrained: bool = False) -> OutputFactory:
+                 logprobs: LogprobRequest, *, continues_prompt: bool = False) -> OutputFactory:
         prompt = logprobs.prompt
         scoring = None
         if prompt.scores or prompt.hides_output:
@@ -463,7 +466,7 @@ class FrontendModel:
         return OutputFactory(
             self._tokenizer, syntax, request, stops,
             self._settings.eos_token_ids, response.observation, prompt_ids, ingress_ns,
-            self._token_texts if logprobs.top_logprobs is not None else None, scoring, is_constrained,
+            self._token_texts if logprobs.top_logprobs is not None else None, scoring, continues_prompt,
             self._facts.clean_up_spaces,
         )
 

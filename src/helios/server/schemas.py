@@ -339,7 +339,15 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Union[StrictBool, StrictInt, float, StrictStr, None]] | None = Field(
-        default=None, max_length=MAX_TEMPLATE_KWARGS)
+        default=None, max_length=MAX_TEMPLATE_KWARGS,
+        description="Extra chat template arguments (for example enable_thinking); add_generation_prompt and "
+        "continue_final_message here are the request fields of those names, as vLLM merges them")
+    add_generation_prompt: StrictBool | None = Field(
+        default=None, description="Extension (vLLM): end the prompt with the assistant turn's header (default: true, "
+        "false with continue_final_message)")
+    continue_final_message: StrictBool | None = Field(
+        default=None, description="Extension (vLLM): the final message, an assistant message, is left open and the "
+        "model continues its text (prefill); the response holds only the new text. Not with add_generation_prompt")
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
     logprobs: StrictBool | None = Field(

@@ -43,8 +43,19 @@ from helios.frontend.preparation.messages import (
     template_messages,
     template_tools,
 )
-from helios.frontend.preparation.template import ChatTemplate
+from helios.errors import RequestError
+from helios.frontend.preparation.template import ChatTemplate, TemplateRenderError
 from helios.frontend.decoding.text_bounds import TextNotUnicode, check_unicode
+
+
+# Request options of the rendering itself (vLLM's request fields), never template variables.
+RENDERING_OPTIONS = ("add_generation_prompt", "continue_final_message")
+
+
+class RenderingOptionError(RequestError):
+    """``add_generation_prompt`` / ``continue_final_message`` that cannot apply to this request."""
+
+    param = "continue_final_message"
 
 
 class ReasoningState(enum.Enum):
@@ -141,6 +152,7 @@ class Prompt:
     assistant_prefill: str
     stable_prefix_len: int
     image_urls: tuple[str, ...] = ()  # the messages' image parts, in prompt order
+    continues_message: bool = False  # it ends inside the final message (`continue_final_message`)
 
 
 class PromptBuilder:
@@ -158,23 +170,33 @@ class PromptBuilder:
         messages: object,
         tools: object = None,
         *,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool | None = None,
         template_kwargs: Mapping[str, object] | None = None,
     ) -> Prompt:
-        """Validates, renders and tokenizes one chat request (RequestError subclasses on bad input)."""
+        """Validates, renders and tokenizes one chat request (RequestError subclasses on bad input).
+
+        The rendering options (`rendering_options`) may also come in `template_kwargs`, as vLLM merges
+        ``chat_template_kwargs`` over its request fields; they never reach the template as variables.
+        With `continue_final_message` the prompt ends inside the final (assistant) message, whose text
+        the model continues; that message is then no part of the stable prefix (its text will change)."""
+        template_kwargs, add_generation_prompt, continue_final_message = rendering_options(
+            template_kwargs, add_generation_prompt, continue_final_message)
         parsed = parse_messages(messages)
         self._check_roles(parsed)
+        if continue_final_message:
+            _check_continued(parsed)
         developer_as_system = Role.DEVELOPER not in self._rules.declared_roles
         inputs = self._markers.escape_inputs(
             template_messages(parsed, developer_as_system, self._template.content_part_roles),
             template_tools(parse_tools(tools)), template_kwargs)
-        rendered = self._render(inputs, inputs.messages, add_generation_prompt)
+        rendered = self._render(inputs, inputs.messages, add_generation_prompt, continue_final_message)
         text, token_ids = self._encode(rendered, inputs)
         state, prefill = initial_reasoning_state(rendered, self._rules)
         if inputs.is_escaped:
             prefill = self._markers.restore(prefill)
-        stable = self._stable_prefix_len(parsed, inputs, token_ids)
-        return Prompt(text, token_ids, state, prefill, stable, tuple(image_urls(parsed)))
+        stable = self._stable_prefix_len(parsed[:-1] if continue_final_message else parsed, inputs, token_ids)
+        return Prompt(text, token_ids, state, prefill, stable, tuple(image_urls(parsed)), continue_final_message)
 
     def _check_roles(self, messages: tuple[ChatMessage, ...]) -> None:
         declared = self._rules.declared_roles
@@ -187,9 +209,11 @@ class PromptBuilder:
             if role not in declared:
                 raise MessageError(f"messages[{i}]: this model's template renders no {message.role.value} messages")
 
-    def _render(self, inputs: TemplateInputs, messages: list[dict], add_generation_prompt: bool) -> str:
+    def _render(self, inputs: TemplateInputs, messages: list[dict], add_generation_prompt: bool,
+                continue_final_message: bool = False) -> str:
         return self._template.render(
-            messages, tools=inputs.tools, add_generation_prompt=add_generation_prompt, template_kwargs=inputs.kwargs)
+            messages, tools=inputs.tools, add_generation_prompt=add_generation_prompt, template_kwargs=inputs.kwargs,
+            continue_final_message=continue_final_message)
 
     def _encode(self, rendered: str, inputs: TemplateInputs) -> tuple[str, tuple[int, ...]]:
         try:
@@ -207,6 +231,54 @@ class PromptBuilder:
         # escaped prefix: a later turn escapes these messages the same way
         _, prefix_ids = self._encode(self._render(inputs, inputs.messages[:count], False), inputs)
         return _common_prefix_len(prefix_ids, token_ids)
+
+
+def rendering_options(template_kwargs: Mapping[str, object] | None, add_generation_prompt: bool | None,
+                      continue_final_message: bool | None) -> tuple[Mapping[str, object] | None, bool, bool]:
+    """(the template's own kwargs, add_generation_prompt, continue_final_message) of a request.
+
+    vLLM's rendering options, as arguments or as `template_kwargs` entries (vLLM merges
+    ``chat_template_kwargs`` over its request fields; here the two places must agree). By default the
+    prompt ends with the generation prompt; ``continue_final_message`` leaves it out, and asking for
+    both is a `RenderingOptionError` (transformers refuses both at once)."""
+    options = {RENDERING_OPTIONS[0]: add_generation_prompt, RENDERING_OPTIONS[1]: continue_final_message}
+    if isinstance(template_kwargs, Mapping) and template_kwargs.keys() & options.keys():
+        for name in options:
+            if name not in template_kwargs:
+                continue
+            value = template_kwargs[name]
+            if not isinstance(value, bool):
+                raise TemplateRenderError(f"chat_template_kwargs.{name} must be a boolean", "chat_template_kwargs")
+            if options[name] is not None and options[name] is not value:
+                raise RenderingOptionError(
+                    f"{name} {options[name]!r} contradicts chat_template_kwargs.{name}={value!r}; give one of them",
+                    name)
+            options[name] = value
+        template_kwargs = {k: v for k, v in template_kwargs.items() if k not in options}
+    add_generation_prompt, continue_final_message = options.values()
+    if continue_final_message and add_generation_prompt:
+        raise RenderingOptionError(
+            "continue_final_message and add_generation_prompt are not compatible: continue_final_message continues "
+            "the final assistant message, add_generation_prompt starts a new one", "continue_final_message")
+    if add_generation_prompt is None:
+        add_generation_prompt = not continue_final_message
+    return template_kwargs, add_generation_prompt, bool(continue_final_message)
+
+
+def _check_continued(messages: Sequence[ChatMessage]) -> None:
+    """`RenderingOptionError` unless the final message is one `continue_final_message` may continue:
+    an assistant message with text and no tool calls (the prompt would end before its calls, which
+    the model would never see)."""
+    final = messages[-1]
+    where = f"messages[{len(messages) - 1}]"
+    if final.role is not Role.ASSISTANT:
+        raise RenderingOptionError(
+            f"continue_final_message continues an assistant message; the final message ({where}) is a "
+            f"{final.role.value} message", "continue_final_message")
+    if final.tool_calls:
+        raise RenderingOptionError(
+            f"continue_final_message continues the final message's text; {where} has tool_calls, which the prompt "
+            "would cut off", "continue_final_message")
 
 
 def stable_message_count(messages: Sequence[ChatMessage], rules: PromptRules) -> int:

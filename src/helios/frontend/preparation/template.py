@@ -23,6 +23,7 @@ A compiled `ChatTemplate` is immutable and safe to render from several threads.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from functools import cached_property
 from typing import Mapping
@@ -38,8 +39,8 @@ from helios.frontend.preparation.messages import ToolArguments
 # Template variables the prompt path supplies itself, jinja2's own globals (`namespace`, `range`, ...)
 # and ``self`` (a template's blocks); request kwargs may not override them (a template calling
 # `namespace()` failed with "'int' object is not callable", named as the conversation's fault).
-RESERVED_NAMES = frozenset({"messages", "tools", "add_generation_prompt", "raise_exception", "strftime_now",
-                            "self", *DEFAULT_NAMESPACE})
+RESERVED_NAMES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
+                            "raise_exception", "strftime_now", "self", *DEFAULT_NAMESPACE})
 TEMPLATE_KWARG_TYPES = (bool, int, float, str, type(None))
 # What one render may build and spend. A request is at most MAX_MESSAGES (1024) messages in a body of
 # a few MiB (4 MiB by default), and a correct template renders each message a small number of
@@ -52,6 +53,10 @@ SERVING_BOUNDS = RenderBounds(max_chars=1 << 26, cpu_seconds=2.0)
 # The probe conversations of `content_part_roles` render to a few hundred characters.
 PROBE_BOUNDS = RenderBounds(max_chars=1 << 20, cpu_seconds=0.5)
 PART_ROLES = ("system", "developer", "user", "assistant", "tool")
+# Appended to the final message's text for `continue_final_message`, and the rendering cut where it
+# appears: transformers' own tag (`render_jinja_template`), so a template that trims or rewrites the
+# message's end is cut exactly where transformers cuts it.
+CONTINUATION_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
 class TemplateLoadError(LoadError):
@@ -64,6 +69,11 @@ class TemplateRenderError(RequestError):
     ``chat_template_kwargs`` for arguments no template may receive."""
 
     param = "messages"
+
+
+class ContinuationError(TemplateRenderError):
+    """``continue_final_message`` cannot continue this conversation's final message: it has no text,
+    or the template does not render its text verbatim at the end of the prompt. HTTP 400."""
 
 
 class TemplateLimitError(LoadError):
@@ -113,6 +123,7 @@ class ChatTemplate:
             raise TemplateLoadError(f"chat template does not compile: {type(error).__name__}: {error}") from None
         self._tokens = tokens
         self._bounds = bounds
+        self._source = source
 
     @property
     def template_token_names(self) -> frozenset[str]:
@@ -166,8 +177,54 @@ class ChatTemplate:
         tools: list[dict] | None = None,
         add_generation_prompt: bool = True,
         template_kwargs: Mapping[str, object] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
-        """Renders the prompt text. `messages`/`tools` are fresh plain structures (see messages.py)."""
+        """Renders the prompt text. `messages`/`tools` are fresh plain structures (see messages.py).
+
+        With `continue_final_message` the text ends right after the final message's text, so the model
+        continues that message, as transformers' ``apply_chat_template(..., continue_final_message=True)``
+        cuts it: the last text is tagged (`CONTINUATION_TAG`), and the rendering cut at the tag's last
+        occurrence (and stripped of trailing whitespace where the template trimmed the tag's space).
+        A final message without text, or one the template does not render verbatim, is a
+        `ContinuationError`. The caller renders without `add_generation_prompt` (transformers refuses
+        both) and may keep `messages`: the tag goes on a copy of the final message."""
+        if continue_final_message:
+            _check_untagged(messages, tools, template_kwargs)
+            messages, final_text = self._tagged(messages)
+        rendered = self._render(messages, tools, add_generation_prompt, template_kwargs)
+        if not continue_final_message:
+            return rendered
+        tag = CONTINUATION_TAG.strip()
+        if final_text.strip() not in rendered or tag not in rendered:
+            raise ContinuationError(
+                "continue_final_message: the chat template does not render the final message's text verbatim, so "
+                "the prompt cannot end inside it (the template rewrites or drops part of it)")
+        at = rendered.rindex(tag)
+        if rendered[at:at + len(CONTINUATION_TAG)] == CONTINUATION_TAG:
+            return rendered[:at]
+        return rendered[:at].rstrip()  # the template trimmed the tag's space: the text's own trailing space too
+
+    def _tagged(self, messages: list[dict]) -> tuple[list[dict], str]:
+        """`messages` with `CONTINUATION_TAG` after the final message's last text (a copy of that
+        message), and that text; as transformers tags it, and refuses what it refuses."""
+        final = messages[-1] if messages else {}
+        content = final.get("content")
+        if content is None:
+            raise ContinuationError("continue_final_message: the final message has no content to continue")
+        if "content" not in self._source:
+            raise ContinuationError("continue_final_message: this model's chat template renders no message content")
+        if isinstance(content, list):
+            last = next((i for i in reversed(range(len(content))) if "text" in content[i]), None)
+            if last is None:
+                raise ContinuationError("continue_final_message: the final message has no text to continue")
+            text = content[last]["text"]
+            content = [*content[:last], {**content[last], "text": text + CONTINUATION_TAG}, *content[last + 1:]]
+        else:
+            text, content = content, content + CONTINUATION_TAG
+        return [*messages[:-1], {**final, "content": content}], text
+
+    def _render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+                template_kwargs: Mapping[str, object] | None) -> str:
         kwargs = check_template_kwargs(template_kwargs, self.template_token_names)
         variables = {
             **kwargs,
@@ -182,6 +239,16 @@ class ChatTemplate:
             raise TemplateLimitError(f"the core's chat template exceeded a render bound: {error}") from None
         except _RENDER_FAILURES as error:
             raise TemplateRenderError(f"chat template failed: {type(error).__name__}: {error}") from None
+
+
+def _check_untagged(messages: list[dict], tools: list[dict] | None, template_kwargs: Mapping[str, object] | None) -> None:
+    """`ContinuationError` where request text holds the continuation tag: rendered after the final
+    message (a tool or argument the template prints last), it would move the cut there, a prompt
+    ending in the middle of other text (transformers cuts there silently)."""
+    text = json.dumps([messages, tools, dict(template_kwargs or {})], ensure_ascii=False, default=str)
+    if CONTINUATION_TAG.strip() in text:
+        raise ContinuationError(f"continue_final_message: the request's text holds {CONTINUATION_TAG.strip()!r}, the "
+                                "mark that finds the end of the final message in the rendered prompt")
 
 
 def _probe_texts(role: str) -> tuple[str, str]:
