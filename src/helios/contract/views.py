@@ -58,9 +58,10 @@ class AccessView:
     byte_extent: int
 
 
-# The outputs a token-logprobs graph (GraphContract.token_logprobs) returns after its completion
-# record and logits, in return order: each row's sampled-token log-probability [R] (float32), its
-# most probable ids [R, K] (int64) and their log-probabilities [R, K] (float32).
+# The outputs a token-logprobs graph (GraphContract.token_logprobs) returns after its plain ones, in
+# return order: each row's sampled-token log-probability [R] (float32), its most probable ids [R, K]
+# (int64) and their log-probabilities [R, K] (float32); a SPECULATIVE graph's, of each token a lane
+# emits: [R, W], [R, W, K], [R, W, K].
 TOKEN_LOGPROB_OUTPUTS = ("token_logprob", "top_token_ids", "top_token_logprobs")
 # The outputs of a SCORED_PREFILL graph after its completion record and logits: each packed token's
 # log-probability of its target token [T] (float32), and (cores prepared since prompt scores are

@@ -68,6 +68,7 @@ def admission_elsewhere(bindings: Mapping[str, tuple], graph: str) -> tuple[Bind
 
 
 def written_state(prepared: PreparedContract, graph: str) -> tuple[str, ...]:
-    """Persistent-state buffers the graph writes: zeroed for a slot when it is (re)admitted."""
+    """Persistent-state buffers the graph writes (the packer's reset zeroes the written views' bytes
+    of a (re)admitted slot, `Packer._reset_state`)."""
     writes = {S.ACCESS_MODE_WRITE, S.ACCESS_MODE_READ_WRITE}
     return tuple(sorted({a.buffer for a in prepared.graphs[graph].accesses if a.mode in writes}))
