@@ -89,7 +89,9 @@ class FakeExecutor:
 
     def _copy(self, copy: CopyOp) -> None:
         """Pages and slot state are single values; continuation rows and host slots are records
-        holding the copied page tokens and/or state side by side."""
+        holding the copied page tokens and/or state side by side. As in the real storage
+        (`helios.runtime.execution.history_storage`), a copy moves the first `num_tokens` tokens
+        (none when 0) and the whole state: a record's other part is left as it was."""
         self.num_copies += 1
         src, dst = copy.src, copy.dst
         if src.kind == StorageKind.PAGE:
@@ -103,10 +105,12 @@ class FakeExecutor:
             self.pages[dst.index][:copy.num_tokens] = payload["tokens"][:copy.num_tokens]
         elif dst.kind == StorageKind.STATE:
             self.state[dst.index] = payload["state"]
-        elif src.kind in (StorageKind.PAGE, StorageKind.STATE):
-            self._store(dst.kind).setdefault(dst.index, {}).update(payload)
         else:
-            self._store(dst.kind)[dst.index] = payload
+            if src.kind not in (StorageKind.PAGE, StorageKind.STATE) and "tokens" in payload:
+                tokens = payload.pop("tokens")[:copy.num_tokens]
+                if tokens:
+                    payload["tokens"] = tokens
+            self._store(dst.kind).setdefault(dst.index, {}).update(payload)
 
     def _store(self, kind: StorageKind) -> dict[int, dict]:
         return self.rows if kind == StorageKind.CONTINUATION else self.host

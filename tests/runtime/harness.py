@@ -44,14 +44,15 @@ def variants(max_active: int = 8, prefill_tokens: int = 64, mixed: bool = True,
 def capacities(max_active: int = 8, num_pages: int = 64, page_tokens: int = 4, context: int = 256,
                prefill_tokens: int = 64, rows: int = 8, host_slots: int = 64, queue: int = 1024,
                stateful: bool = False, window: int = 0, logit_bias_width: int = 4, eos_width: int = 0,
-               **variant_options) -> Capacities:
-    """`window` > 0: the paged region is a sliding window of that many tokens."""
+               programs: bool = False, **variant_options) -> Capacities:
+    """`window` > 0: the paged region is a sliding window of that many tokens. `programs`: the core
+    has state programs (SNAPSHOT and RESTORATION: `StorageLayout.restores_through_programs`)."""
     regions = (HistoryRegion("kv", HistoryKind.PAGED_KV),)
     if window:
         regions = (HistoryRegion("kv", HistoryKind.SLIDING_WINDOW, window_tokens=window),)
     if stateful:
         regions += (HistoryRegion("ssm", HistoryKind.RECURRENT),)
-    layout = StorageLayout(page_tokens, regions)
+    layout = StorageLayout(page_tokens, regions, restores_through_programs=programs)
     max_pages = min(num_pages, -(-context // page_tokens))
     geometry = CacheGeometry(layout, num_pages, max_pages, rows, host_slots, b"test-model")
     return Capacities(max_active, context, prefill_tokens, VOCAB,

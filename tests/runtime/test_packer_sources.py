@@ -18,7 +18,7 @@ from helios.runtime.execution.host_staging import host_staging
 from helios.runtime.execution.packer import Packer
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.records.sampling_params import SamplingParams
-from helios.runtime.records.plan import PlanRow, StepPlan
+from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
 
 STATE_ROWS = 2
 
@@ -213,3 +213,26 @@ def test_all_greedy_follows_the_recorded_requests(prepared):
     assert not packer.all_greedy(plan)
     packer.apply(StepPlan(2, 0, Operation.DECODE, None, (), (), 0, (), ("b",)))  # "b" finished
     assert packer._num_drawing_requests == 0 and packer.all_greedy(_plan(Operation.DECODE, plan.rows[:1]))
+
+
+def test_a_readmitted_slots_output_counts_go_to_its_first_state_row():
+    """With two state rows a request, slot s owns rows [2s, 2s + 2) of every per-row state view (the
+    rows LIVE_STATE_ROWS names and an admission resets): the output counts a readmitted request gets
+    back (its penalties' counts from before its preemption) go to row 2s, where the example's
+    programs read them, not to row s, which is slot s / 2's."""
+    doc = example_doc()
+    views = doc["contract"]["model"]["state_views"]
+    histograms = next(view for view in views if view["name"] == "histograms")
+    views.append({**histograms, "name": "output_counts"})  # the view the runtime rebuilds counts into
+    prepared = PreparedContract.from_json(json.dumps(doc))
+    packer, buffers = _packer(prepared)
+    counts = buffers["state.histograms"]
+    first = _row("a", 1, (5, 6, 7, 8), 0, True, True)
+    packer.observe(_plan(Operation.PREFILL, [first]), [RowResult(1, 3, 4, (40,), 4)])
+    decode = _row("a", 1, (40,), 4, True, False, sample_index=1)
+    packer.observe(_plan(Operation.DECODE, [decode]), [RowResult(1, 3, 5, (41,), 1)])
+    readmitted = _row("a", 3, (5, 6, 7, 8, 40, 41), 0, True, True, sample_index=2)  # after a preemption, slot 3
+    packer.pack("prefill", _plan(Operation.PREFILL, [readmitted]))
+    row = 3 * STATE_ROWS
+    assert counts[row, 40] == 1 and counts[row, 41] == 1 and counts[row].sum() == 2
+    assert counts.sum() == 2  # no other row: slot 1's second row (row 3) among them

@@ -236,6 +236,31 @@ def test_a_preempted_requests_state_goes_to_the_host_through_a_continuation_row(
     assert raw_copies[-1] == CopyOp(Location(STATE, 2), raw.tail, 0) and raw.staging_rows == []
 
 
+def test_a_preemption_capture_that_cannot_have_both_a_row_and_host_slots_evicts_nothing():
+    """A staged private capture needs a continuation row and host slots; when either cannot be had
+    (even by eviction) it fails, and the published snapshots that held the other kind stay: an
+    offloaded one whose slots it would have taken while every row is busy, and an idle device one
+    whose row it would have taken while host slots are short. They were evicted for nothing."""
+    pool, snapshots = store(rows=1, host=4, num_pages=12, stateful=True, programs=True)
+    on_host = offloaded(snapshots, pool, list(range(10)))  # 3 of the 4 host slots
+    _, (writing, _) = capture(snapshots, pool, list(range(20, 23)))  # takes the one row, still writing
+    pages, refused = capture(snapshots, pool, list(range(30, 36)), Residence.HOST, owner="r1", slot=1)
+    assert refused is None
+    pool.release(pages)
+    assert snapshots.get(on_host.snapshot_id) is on_host and snapshots.num_evicted == 0
+    snapshots.check()
+    snapshots.settle(writing.snapshot_id, FenceKind.CAPTURE, True)  # now an idle device snapshot holds the row
+    pages, refused = capture(snapshots, pool, list(range(40, 57)), Residence.HOST, owner="r2", slot=1)
+    assert refused is None  # 5 host slots: more than the pool has
+    pool.release(pages)
+    assert snapshots.get(writing.snapshot_id) is writing and snapshots.get(on_host.snapshot_id) is on_host
+    assert snapshots.num_evicted == 0
+    snapshots.check()
+    _, (staged, _) = capture(snapshots, pool, list(range(30, 36)), Residence.HOST, owner="r1", slot=1)
+    assert staged.staging_rows == [0] and snapshots.num_evicted == 2  # both can be had: both evicted
+    snapshots.check()
+
+
 def offloaded(snapshots, pool, tokens):
     _, (snapshot, _) = capture(snapshots, pool, tokens)
     snapshots.settle(snapshot.snapshot_id, FenceKind.CAPTURE, True)

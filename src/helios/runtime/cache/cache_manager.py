@@ -79,7 +79,8 @@ class CacheManager:
         """Give a waiting request (slot already assigned) its reused prefix and the pages for its
         first row of at most `budget` (>= 1) tokens: from a running request with the same prompt
         when one holds it (`prompt_sharing`), else from the prefix cache or a snapshot. Returns
-        (row length, the copies its plan must run first) or None."""
+        (row length, the copies its plan must run first) or None (too few pages, or its private
+        snapshot waits for a continuation row: `_admit_own`)."""
         reuse = self.prefix_caching and not (req.spec.score_prompt and req.num_output_tokens == 0)
         key = self.group_key(req)
         source = self.groups.source(key) if self._may_share(req, reuse) else None
@@ -166,8 +167,14 @@ class CacheManager:
             num_hits, window_first, window_shared = self.window.reusable(req.chain, len(hits))
             hits = hits[:num_hits]
         snapshot = self._restore_source(req, reuse)
-        if snapshot is not None and (snapshot.endpoint <= len(hits) * page_tokens
-                                     or not self.snapshots.can_restore(snapshot)):
+        if snapshot is not None and snapshot.endpoint <= len(hits) * page_tokens:
+            snapshot = None
+        elif snapshot is not None and not self.snapshots.can_restore(snapshot):
+            if snapshot.owner is not None:
+                # Its own state, staged through a continuation row all of which plans in flight or
+                # this one copy through: the row is free at their fence (this request holds none), so
+                # it waits rather than drop the snapshot and compute its whole history again.
+                return None
             snapshot = None
         if req.snapshot_id and (snapshot is None or snapshot.snapshot_id != req.snapshot_id):
             self.snapshots.discard(req.snapshot_id)

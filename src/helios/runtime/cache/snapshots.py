@@ -13,11 +13,13 @@ tail copies those bytes to a host slot as they are, so its restore copies them i
 row first and restores the slot's state rows from there (through the core's RESTORATION program,
 like a device snapshot's), not from the host slot directly; that row is held until the snapshot's
 restores in flight settle. While no continuation row can be had (`can_restore`), such a snapshot
-is not restored (the request computes its prefix instead). A preempted request's private snapshot
+is not restored: a request computes a published one's prefix instead, and waits for a row to
+restore its own private one (`CacheManager.admit`). A preempted request's private snapshot
 keeps the same contract: its capture runs the slot's state rows through the SNAPSHOT program into a
 continuation row (held until the capture settles) and copies that row to its host tail, so it is
-restored the same way; with no continuation row to be had, the capture fails (the request is
-recomputed). A core without state programs keeps raw state rows in both, so they go straight back.
+restored the same way; with no continuation row or too few host slots to be had, the capture
+fails (the request is recomputed) having evicted nothing for the other. A core without state
+programs keeps raw state rows in both, so they go straight back.
 
 Byte copies are requested as `CopyOp`s that travel in a plan; the scheduler reports each plan's
 outcome through `settle`. A snapshot being written (capture or offload) is unusable until its
@@ -152,13 +154,18 @@ class SnapshotStore:
         staging: list[int] = []
         if residence == Residence.DEVICE:
             ids = self._take(self._rows, int(has_tail), Residence.DEVICE)
+        elif has_tail and self._through_programs:  # staged through a continuation row (module docstring)
+            # Both or neither: snapshots evicted for one kind would be lost for nothing without the other.
+            row_holders = self._holders(self._rows, 1, Residence.DEVICE)
+            slot_holders = self._holders(self._host, num_complete + 1, Residence.HOST)
+            if row_holders is None or slot_holders is None:
+                return None
+            for holder in row_holders + slot_holders:
+                self._drop(holder)
+                self.num_evicted += 1
+            staging, ids = self._rows.take(1), self._host.take(num_complete + 1)
         else:
             ids = self._take(self._host, num_complete + int(has_tail), Residence.HOST)
-            if ids is not None and has_tail and self._through_programs:  # (module docstring)
-                staging = self._take(self._rows, 1, Residence.DEVICE)
-                if staging is None:
-                    self._host.give(ids)
-                    return None
         if ids is None:
             return None
         snapshot = Snapshot(self._new_id(), token_ids, key, owner, residence, writing=True,
@@ -203,6 +210,24 @@ class SnapshotStore:
             ids = pool.take(count)
             if ids is not None or not self._evict_one(residence):
                 return ids
+
+    def _holders(self, pool: IdPool, count: int, residence: Residence) -> list[Snapshot] | None:
+        """The least recently used idle published snapshots of `residence` to evict so that `pool`
+        has `count` ids free (a device one gives back its tail row, a host one its slots), or None
+        when evicting every one of them would not do."""
+        have, holders = pool.num_free, []
+        for snapshot in map(self._snapshots.get, self._lru):
+            if have >= count:
+                break
+            if snapshot.residence != residence or snapshot.is_busy:
+                continue
+            held = len(snapshot.host_slots) if pool is self._host else 0
+            if snapshot.tail is not None and (snapshot.tail.kind == StorageKind.CONTINUATION) == (pool is self._rows):
+                held += 1
+            if held:
+                have += held
+                holders.append(snapshot)
+        return holders if have >= count else None
 
     def _new_id(self) -> int:
         self._next_id += 1

@@ -343,13 +343,16 @@ class Packer:
         outputs = self._outputs.get(row.request_id)
         if outputs and self._output_counts is not None:
             self._kept.forget(self._output_counts)
-            target = self._buffers[self._output_counts][row.slot]  # (the programs read output_counts[slot])
+            # The slot's first state row: the row LIVE_STATE_ROWS names (`_fill`) and its reset cleared
+            # (`_reset_state`); output_counts[slot], as the programs read it, with one state row a request.
+            target = self._buffers[self._output_counts][row.slot * self._state_rows]
             self._staging.write_counts(self._output_counts, target, outputs)
 
     @cached_property
     def _output_counts(self) -> str | None:
-        """The buffer of the contract's ``output_counts`` state view (one int32 row of counts per slot,
-        ``output_counts[slot, token]``), or None when the core keeps its counts otherwise."""
+        """The buffer of the contract's ``output_counts`` state view (one int32 row of counts per state
+        row, a slot's in its first: ``output_counts[slot * state_rows, token]``), or None when the core
+        keeps its counts otherwise."""
         view = next((v for v in self._model_contract.state_views if v.name == "output_counts"), None)
         if view is None or view.buffer not in self._buffers or view.byte_offset:
             return None
