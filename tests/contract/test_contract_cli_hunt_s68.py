@@ -57,3 +57,18 @@ def test_json_behind_a_byte_order_mark_is_named_as_such():
     """It was taken for a binary bundle: 'Wire format was corrupt'."""
     with pytest.raises(ContractError, match="byte order mark"):
         load_bytes(b"\xef\xbb\xbf" + example_text().encode())
+
+
+@pytest.mark.parametrize(("data", "kind"), [(b"[]", "array"), (b' [{"contract": {}}]\n', "array"),
+                                           (b"[1, 2", "array"), (b'"contract"', "string"), (b"null", "null")])
+def test_json_that_is_not_an_object_is_named_as_such(data, kind, tmp_path, capsys):
+    """JSON whose top level is not an object was taken for a binary bundle: 'Wire format was corrupt'."""
+    with pytest.raises(ContractError, match=f"the file is a JSON {kind}; a JSON contract file is one object"):
+        load_bytes(data)
+    path = tmp_path / "c.json"
+    path.write_bytes(data)
+    code = main(["contract", "check", str(path)])
+    captured = capsys.readouterr()
+    assert code == 3 and captured.err.count("\n") == 1 and "Wire format" not in captured.err
+    with pytest.raises(ContractError, match="Wire format was corrupt"):  # binary that is no JSON: as before
+        load_bytes(b"\x00\x01" + data)

@@ -656,3 +656,29 @@ def test_rank_exits_3_for_a_core_whose_manifest_names_a_missing_resource_as_its_
         main(["rank", "--help"])
     usage = " ".join(capsys.readouterr().out.split())
     assert "3 to 7 the core cannot be opened or verified" in usage and "8 the rank could not join" in usage
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_generate_refuses_trust_without_a_core_file(files, capsys, monkeypatch, where):
+    """Without a core file `generate` answers with the embedded model, verified with its own key:
+    `--trust KEY.pub` was silently ignored, the operator believing the model checked against it."""
+    import helios.cli.generate_cmd as generate_cmd
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded a model for a refused command line")
+
+    monkeypatch.setattr(generate_cmd, "_open", no_load)
+    trust = ["--trust", files["pub"]]
+    code, out, err = run(capsys, "generate", *(trust if where == "before" else ()), "What is 2 + 3?",
+                         *(trust if where == "after" else ()))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert one_line(err).startswith("helios generate: error: --trust names the keys a core file is verified with")
+    from helios.errors import UsageError
+
+    def reached(args):
+        raise UsageError("reached the load")
+
+    monkeypatch.setattr(generate_cmd, "_open", reached)
+    monkeypatch.setenv("HELIOS_TRUST", str(files["pub"]))  # a default of every command, not this one's request
+    code, _, err = run(capsys, "generate", "What is 2 + 3?")
+    assert code == 2 and one_line(err) == "helios generate: error: reached the load\n"

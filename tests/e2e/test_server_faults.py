@@ -101,3 +101,46 @@ def test_a_dead_model_worker_stops_the_server_with_a_failure(tmp_path_factory, m
     runtime.close()
     assert not thread.is_alive()
     assert isinstance(outcome.get("error"), WorkerDied) and WorkerDied.exit_code == 9
+
+
+def test_a_server_whose_stdout_reader_went_away_keeps_serving(tmp_path_factory, tmp_path):
+    """`helios serve ... | true`: the listening line, printed after the whole load, met a broken pipe
+    and the loaded server ended with status 141. It is best effort now, as the progress lines are."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    core = tiny_core(tmp_path_factory.getbasetemp())
+    with socket.socket() as probe:  # a free port: the listening line that names it is never read
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader went away before the server printed anything
+    log = tmp_path / "server.log"
+    command = [sys.executable, "-m", "helios.cli.main", "serve", str(core.path), "--accept", core.namespace,
+               "--trust", str(core.public_key), "--port", str(port), "--log-level", "info",
+               "--no-engine-process", "--cpu-kernels", "off"]
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(command, stdout=writer, stderr=stderr)
+    os.close(writer)
+    try:
+        body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+        response = None
+        deadline = time.monotonic() + 120
+        while response is None and process.poll() is None and time.monotonic() < deadline:
+            try:
+                response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30)
+            except httpx.TransportError:
+                time.sleep(0.05)
+        assert process.poll() is None, (process.returncode, log.read_text()[-2000:])
+        assert response is not None and response.status_code == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = log.read_text()
+    assert "Traceback" not in text and "BrokenPipe" not in text and "Exception ignored" not in text, text[-2000:]
+    assert "Application shutdown complete" in text

@@ -57,3 +57,36 @@ def test_an_output_that_is_a_link_is_written_through(tmp_path, prepared_into, ca
     assert _prepare(tmp_path, link) == 0
     assert link.is_symlink() and (tmp_path / "store" / "model.core").read_bytes() == b"core"
     assert prepared_into == [(tmp_path / "store" / "model.core").resolve()]
+
+
+@pytest.fixture
+def planned(tmp_path, monkeypatch) -> list:
+    """The capacity plans the stand-in preparation was given."""
+    plans = []
+
+    def prepare_core(checkpoint, output, key, options, progress):
+        plans.append(options.capacities)
+        return SimpleNamespace(files=[Path(output)], resources=[])
+
+    monkeypatch.setattr(prepare_cmd, "prepare_core", prepare_core)
+    (tmp_path / "checkpoint").mkdir()
+    write_key_pair(tmp_path / "k.key", SigningKey.generate())
+    return plans
+
+
+@pytest.mark.parametrize(("given", "prefill"), [([], 256), (["--context-tokens", "100"], 100),
+                                                (["--context-tokens", "4096"], 256),
+                                                (["--context-tokens", "100", "--prefill-tokens", "64"], 64)])
+def test_the_default_prefill_fits_a_smaller_context(tmp_path, planned, capsys, given, prefill):
+    """`--context-tokens 100` alone failed: "prefill_tokens 256 exceeds context_tokens (100)", of a
+    default the operator never set. Now the default prefill step is at most the context."""
+    assert main(["prepare", str(tmp_path / "checkpoint"), "-o", str(tmp_path / "m.core"), "--key",
+                 str(tmp_path / "k.key"), "--namespace", "test/lines", *given]) == 0
+    assert [plan.prefill_tokens for plan in planned] == [prefill]
+
+
+def test_a_prefill_given_beyond_the_context_is_still_refused(tmp_path, planned, capsys):
+    assert main(["prepare", str(tmp_path / "checkpoint"), "-o", str(tmp_path / "m.core"), "--key",
+                 str(tmp_path / "k.key"), "--namespace", "test/lines", "--context-tokens", "100",
+                 "--prefill-tokens", "128"]) != 0
+    assert "prefill_tokens 128 exceeds context_tokens (100)" in capsys.readouterr().err and planned == []

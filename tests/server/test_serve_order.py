@@ -16,6 +16,7 @@ import pytest
 
 from helios.cli import serve_cmd, serve_order, serve_run
 from helios.cli.main import build_parser, main
+from helios.errors import UsageError
 from helios.server.engine_spawn import ArgsOrder
 from helios.server.start_trace import ENV, mark
 from support.server_core import tiny_core
@@ -107,3 +108,17 @@ def test_a_trace_mark_no_one_reads_never_raises(unread_stderr, monkeypatch):
     monkeypatch.setenv(ENV, "1")
     monkeypatch.setattr(sys, "__stderr__", unread_stderr)
     mark("serve: engine process taken over")
+
+
+def test_trusted_keys_without_a_core_file_are_refused_before_the_embedded_model_opens(core, monkeypatch, tmp_path):
+    """`helios serve --trust KEY.pub` without a core file served the embedded model, verified with its
+    own key, the keys given silently ignored (the operator believing the model checked against them)."""
+    key = tmp_path / "key.pub"
+    key.write_text("not read: refused before any key is\n")
+
+    def no_open():
+        raise AssertionError("opened the embedded model for a refused command line")
+
+    monkeypatch.setattr("helios.embedded.prepared.embedded_core", no_open)
+    with pytest.raises(UsageError, match="--trust names the keys a core file is verified with"):
+        serve_run._open(_serve_args("--trust", str(key), "--port", "0"))

@@ -154,6 +154,16 @@ def trusted_keys_from_args(args: argparse.Namespace) -> TrustedKeys:
         return TrustedKeys.from_paths(paths, load=load_public_key_file)
 
 
+def refuse_trust_without_core(args: argparse.Namespace) -> None:
+    """`--trust` given to a command that uses the embedded default model (no core file named) is
+    refused (exit 2): that core is verified with its own key, so the keys given would be ignored
+    while the operator believes the model checked against them. `$HELIOS_TRUST`, a default for
+    every command rather than a request of this one, is not refused."""
+    if args.trust:
+        raise UsageError("--trust names the keys a core file is verified with; no core file is given, and the "
+                         "embedded default model is verified with its own key (name MODEL.core to use --trust)")
+
+
 def load_aes_key(path: os.PathLike | str) -> bytes:
     """An AES-256 key file: 64 hexadecimal digits (surrounding whitespace allowed); `KeyOptionError`."""
     with key_file_mistakes():

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from helios.cli.core_options import add_core_options, aes_key_from_args, open_core_from_args
+from helios.cli.core_options import add_core_options, aes_key_from_args, open_core_from_args, refuse_trust_without_core
 from helios.cli.rank_options import add_rank_options, rank_options_from_args
 from helios.cli.termination import Terminated, terminate_as_exception
 from helios.core.reader import open_core
@@ -224,6 +224,8 @@ def run(args: argparse.Namespace) -> int:
     _check_sampling_options(args)
     load, policy, host_pages = runtime_flags(args, StartupOptions(), args.device)
     _split_core_and_prompts(args)
+    if args.core is None:
+        refuse_trust_without_core(args)
     if args.prompt_ids:
         _parsed_prompt_ids(args.prompt_ids)  # checked before the core is opened
     options = RuntimeOptions(load, policy=policy, host_pages=host_pages, ranks=rank_options_from_args(args))

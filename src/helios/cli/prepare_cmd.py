@@ -18,6 +18,11 @@ from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
 from helios.ignition.speculative_plan import SpeculativePlan
 
 
+# --prefill-tokens when not given: a smaller --context-tokens lowers it to the context (a prefill
+# step never holds more than one request's context), rather than failing on a value never set.
+DEFAULT_PREFILL_TOKENS = 256
+
+
 def _batches(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.split(",") if part)
@@ -51,7 +56,9 @@ def register(subparsers) -> None:
                         help="license terms recorded in the signed payload (default: none)")
     parser.add_argument("--page-tokens", type=int, default=16, metavar="N", help="tokens per cache page (default 16)")
     parser.add_argument("--context-tokens", type=int, default=2048, metavar="N", help="largest prompt+output per request (default 2048)")
-    parser.add_argument("--prefill-tokens", type=int, default=256, metavar="N", help="prompt tokens per prefill step (default 256)")
+    parser.add_argument("--prefill-tokens", type=int, metavar="N",
+                        help=f"prompt tokens per prefill step (default {DEFAULT_PREFILL_TOKENS}, or the "
+                        "context if --context-tokens is smaller)")
     parser.add_argument("--prefill-chunks", type=_batches, default=(), metavar="N,N",
                         help="smaller prompt-token capacities also captured for prefill and mixed steps, e.g. 64,512 "
                         "(a short prompt then runs a smaller program; default none)")
@@ -153,8 +160,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"-o {args.output} would replace a file of the checkpoint {source}")
     check_room_beside("-o", output)
     key = load_private_key(args.key)
+    prefill_tokens = args.prefill_tokens
+    if prefill_tokens is None:
+        prefill_tokens = min(DEFAULT_PREFILL_TOKENS, args.context_tokens)
     plan = CapacityPlan(
-        page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=args.prefill_tokens,
+        page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=prefill_tokens,
         decode_batches=args.decode_batches, mixed=not args.no_mixed, scored_prefill=args.scored_prefill,
         token_logprobs=not args.no_logprobs,
         speculative=_speculative_plan(args), prefill_chunks=args.prefill_chunks,

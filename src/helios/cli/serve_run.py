@@ -15,7 +15,7 @@ import time
 import torch
 
 from helios.cli import serve_order
-from helios.cli.core_options import aes_key_from_args, open_core_from_args
+from helios.cli.core_options import aes_key_from_args, open_core_from_args, refuse_trust_without_core
 from helios.cli.main import printable_line
 from helios.contract import resolve_settings
 from helios.core.reader import Core, open_core
@@ -67,6 +67,7 @@ def _open(args: argparse.Namespace) -> tuple[Core, CoreSource]:
             raise UsageError("--accept NAMESPACE is required to serve a core file")
         core = open_core_from_args(args, args.core)  # its errors first (the trusted keys, the core)
         return core, dataclasses.replace(serve_order.core_source(args), body_sha256=core.body_sha256)
+    refuse_trust_without_core(args)  # the embedded model is verified with its own key
     from helios.embedded.prepared import embedded_core
 
     embedded = embedded_core()

@@ -20,6 +20,7 @@ from helios.core.layout import read_raw_core
 from helios.core.locations import resolve_locations
 from helios.core.reader import core_file
 from helios.core.records import CoreFormat, Placement, Publisher, ResourceInfo
+from helios.core.references import check_manifest_references
 from helios.errors import ContractError, HeliosError
 
 
@@ -129,6 +130,9 @@ def inspect_core(path: os.PathLike | str) -> CoreInspection:
     prepared, contract_problem = None, None
     try:
         prepared = PreparedContract.decode(content.contract_bytes, content.manifest_bytes, servable=False)
+        # The check `verify` and every loader make (exit 3): a manifest naming a resource the core
+        # does not hold is no "ok" contract either.
+        check_manifest_references(content)
     except ContractError as error:
         contract_problem = str(error)
     return CoreInspection(

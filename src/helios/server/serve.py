@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import signal
 import socket
 import sys
@@ -242,6 +243,24 @@ def uvicorn_config(app, options: ServeOptions, limits: ConnectionLimits) -> uvic
     )
 
 
+def _announce(line: str) -> None:
+    """The listening line on standard output; best effort, as the start's progress lines are: a
+    reader that went away (`helios serve | true`, a closed terminal) never stops a loaded server
+    (a broken pipe ended it with status 141). Standard output then points at /dev/null, so the line
+    left in its buffer cannot fail a later flush (the one at exit)."""
+    try:
+        print(line, file=sys.stdout, flush=True)
+    except (OSError, ValueError):  # a closed pipe or file
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, sys.stdout.fileno())
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # no descriptor (a captured stream)
+            pass
+
+
 def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_by: str = "",
           sock: socket.socket | None = None, ahead: FrontendAhead | None = None) -> int:
     """Serves `runtime` (a built, not started runtime) until a shutdown signal (see above), on `sock`
@@ -262,9 +281,9 @@ def serve(runtime: Runtime | EngineProcessRuntime, options: ServeOptions, owned_
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     limits = served.admission.limits
-    print(f"helios serve: {served.card.served_names[0]} on http://{shown}:{port} "
-          f"(max active {limits.max_active}, queue {limits.queue_capacity}, "
-          f"frontend workers {limits.frontend_workers})", file=sys.stdout, flush=True)
+    _announce(f"helios serve: {served.card.served_names[0]} on http://{shown}:{port} "
+              f"(max active {limits.max_active}, queue {limits.queue_capacity}, "
+              f"frontend workers {limits.frontend_workers})")
     server = HeliosServer(config, served, options.drain_seconds)
     mark("serve: listening")
     hold_freed_memory()
