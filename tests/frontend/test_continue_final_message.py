@@ -191,3 +191,73 @@ def test_request_text_holding_the_continuation_tag_is_refused(qwen_tokenizer):
         "assistant\nThe answer is")
     with pytest.raises(ContinuationError, match="CONTINUE_FINAL_MESSAGE_TAG"):
         builder.build(messages, continue_final_message=True, template_kwargs={"note": "CONTINUE_FINAL_MESSAGE_TAG"})
+
+
+# -- where the output starts: client markers in the prefill are text ----------------------------------
+
+MARKER_PREFILL = "x <|end|> y <|start|>assistant"  # a client's literal controls, mid-message
+
+
+def harmony_model():
+    from contract.cases_contract import HARMONY
+    from frontend.parsers.conftest import HARMONY_CONTROLS, small_bpe
+    from frontend.served import cached_model, served_contract
+    from helios.frontend.session import FrontendModel
+
+    tokenizer = small_bpe(["<|endoftext|>", *HARMONY_CONTROLS])
+    frontend = {"tool_parser": "TOOL_PARSER_HARMONY_CHANNELS", "reasoning_parser": "REASONING_PARSER_HARMONY_CHANNELS",
+                "channel_syntax": dict(HARMONY),
+                "assistant_boundary": {"message_start": "<|start|>", "message_end": "<|end|>",
+                                       "assistant_header": "assistant"}}
+    eos = [tokenizer.token_to_id(text) for text in ("<|endoftext|>", "<|return|>", "<|call|>")]
+    contract = served_contract(tokenizer.get_vocab_size(), frontend, eos)
+    source = (TEMPLATES / "gpt_oss.jinja").read_text()
+    return cached_model("harmony-gpt-oss", tokenizer, lambda: FrontendModel.from_contract(contract, tokenizer, source)), tokenizer
+
+
+def recipient_model():
+    from frontend.parsers.conftest import small_bpe
+    from frontend.served import RECIPIENT_FRAMES, cached_model, recipient_frontend, served_contract
+    from helios.frontend.session import FrontendModel
+
+    tokenizer = small_bpe(["<|endoftext|>", "<|start|>", "<|message|>", "<|eom|>", "<|end|>"])
+    contract = served_contract(tokenizer.get_vocab_size(), recipient_frontend(), [tokenizer.token_to_id("<|endoftext|>")])
+    return cached_model("recipient-frames", tokenizer,
+                        lambda: FrontendModel.from_contract(contract, tokenizer, RECIPIENT_FRAMES)), tokenizer
+
+
+@pytest.mark.parametrize("family, end", [(harmony_model, "<|return|>"), (recipient_model, "<|endoftext|>")],
+                         ids=["harmony", "recipient"])
+def test_literal_controls_in_a_prefilled_frame_body_open_no_frame(family, end):
+    """The prompt ends inside the final message's body, however the client's text spells controls:
+    the continuation is that body's text (it was read as an open header, its text lost to a parse error)."""
+    from frontend.served import ids_of, run_output
+    from helios.server.schemas import ChatCompletionRequest
+
+    model, tokenizer = family()
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": MARKER_PREFILL}]
+    body = ChatCompletionRequest.model_validate(
+        {"model": model.served_id, "messages": messages, "continue_final_message": True})
+    prepared = model.prepare_chat(body)
+    assert prepared.prompt.text.endswith(MARKER_PREFILL)
+    _, final = run_output(prepared, ids_of(tokenizer, " and more", end))
+    assert (final.result.content, final.result.errors) == (" and more", ())
+
+
+def test_a_literal_close_in_a_prefilled_answer_is_answer_text(qwen3, qwen_tokenizer):
+    """Reasoning closed before the client's text; its literal ``</think>`` is no close delimiter, so the
+    model's next ``\\n\\n`` is answer text, not the wrapping after a close (it was dropped)."""
+    from google.protobuf import json_format
+
+    from frontend.served import qwen_frontend
+    from helios.contract import serving_pb2 as spb
+    from helios.frontend.structured.contract_syntax import FrontendSyntax
+
+    frontend = spb.FrontendContract(image_preparation=spb.IMAGE_PREPARATION_NONE, image_layout=spb.IMAGE_LAYOUT_NONE)
+    json_format.ParseDict(qwen_frontend(qwen_tokenizer), frontend)
+    syntax = FrontendSyntax.from_contract(frontend, lambda text: qwen_tokenizer.encode(text, add_special_tokens=False).ids)
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Write </think>", "reasoning_content": "Short."}]
+    prompt = qwen3.build(messages, continue_final_message=True)
+    assert prompt.text.endswith("</think>\n\nWrite </think>") and prompt.reasoning_state is ReasoningState.CLOSED
+    assert syntax.output_start(prompt).answer_lead == ""

@@ -129,3 +129,24 @@ def test_a_forced_json_call_writes_declared_properties_only_behind_a_top_level_r
     for arguments, verdict in (('{"a":1}', True), ('{"a":1,"b":["x"]}', True), ('{"a":1,"b":[1]}', False),
                                ('{"a":1,"zz":2}', False), ('{"b":["x"]}', False)):
         assert is_complete(model, syntax, True, one.replace('{"a":1}', arguments), tool) == verdict, arguments
+
+
+@pytest.mark.parametrize("parameters, name", [
+    ({"type": "object", "properties": {"a": {"const": "</tool_call>"}}, "required": ["a"]}, "a"),
+    ({"type": "object", "properties": {"a": {"enum": ["x</tool_call>", "</tool_call>y"]}}, "required": ["a"]}, "a"),
+    ({"type": "object", "properties": {"o": {"type": "object", "properties": {"b": {"const": "</tool_call>"}},
+                                             "required": ["b"]}}, "required": ["o"]}, "o.b"),
+])
+def test_a_required_value_holding_the_block_closer_is_a_400_naming_the_parameter(model, parameters, name):
+    """No such value can be written inside the block (the parser would end it there), so the call can
+    not be written: the 400 was llguidance's bare "Unsatisfiable schema", naming no tool or parameter."""
+    tool = [ToolSchema("f", parameters, 0)]
+    with pytest.raises(GrammarError) as caught:
+        model[2].compile_lark(json_calls_lark(example_hermes(), model[3], tool, True, {}), None)
+    assert caught.value.http_status == 400
+    assert caught.value.param == f"tools[0].function.parameters.properties.{name.split('.')[0]}"
+    assert f"tool 'f' parameter {name!r}" in str(caught.value) and "</tool_call>" in str(caught.value)
+    # optional, the parameter is left out and the call can be written
+    loose = {**parameters, "required": []}
+    assert takes(model, json_calls_lark(example_hermes(), model[3], [ToolSchema("f", loose, 0)], True, {}),
+                 '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')

@@ -255,10 +255,10 @@ def forced_calls(served, writer_rng: random.Random, rng: np.random.Generator, co
 # -- defects the fuzz found, pinned ----------------------------------------------------------------
 
 
-def forced(served, parameters: dict):
+def forced(served, parameters: dict, tool_choice: str = "required"):
     body = {"model": served.model.served_id, "messages": [{"role": "user", "content": "go"}],
             "tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}],
-            "tool_choice": "required", "chat_template_kwargs": {"enable_thinking": False}}
+            "tool_choice": tool_choice, "chat_template_kwargs": {"enable_thinking": False}}
     return served.model.prepare_chat(ChatCompletionRequest.model_validate(body))
 
 
@@ -279,8 +279,8 @@ def call_arguments(served, prepared, text: str) -> dict | None:
 
 
 @pytest.mark.parametrize("parameters, param", [
-    ({"type": "object", "properties": {'q"t': {"type": "string"}}, "required": ['q"t']},
-     'tools[0].function.parameters.properties.q"t'),
+    ({"type": "object", "properties": {"a<b": {"type": "string"}}, "required": ["a<b"]},
+     "tools[0].function.parameters.properties.a<b"),
     ({"type": "object", "properties": {"a b ": {"type": "integer"}}, "required": ["a b "]},
      "tools[0].function.parameters.properties.a b "),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]},
@@ -296,8 +296,26 @@ def test_a_required_parameter_a_tag_syntax_cannot_write_is_a_400(tool_models, pa
 
 def test_an_optional_parameter_a_tag_syntax_cannot_write_is_left_out(tool_models):
     served = tool_models["qwen"]
-    prepared = forced(served, {"type": "object", "properties": {'q"t': {"type": "string"}, "a": {"type": "integer"}}})
+    prepared = forced(served, {"type": "object", "properties": {"a<b": {"type": "string"}, "a": {"type": "integer"}}})
     assert call_arguments(served, prepared, qwen_call({"a": "3"})) == {"a": 3}
+
+
+def test_a_parameter_name_with_quotes_or_line_breaks_is_written_and_read(tool_models):
+    """vLLM's qwen3_coder parser reads a parameter name up to the tag's ``>``, and the template writes
+    it verbatim: such a required parameter was a 400, an optional one left out, and one the model wrote
+    was lost with its value."""
+    served = tool_models["qwen"]
+    names = ['say "hi"', "two\nlines"]
+    parameters = {"type": "object", "properties": {name: {"type": "string"} for name in names}, "required": names}
+    prepared = forced(served, parameters)
+    text = qwen_call({names[0]: "x", names[1]: "y"})
+    assert call_arguments(served, prepared, text) == {names[0]: "x", names[1]: "y"}
+    # unforced, a value whose closer the model left out ends at the next such parameter tag
+    unclosed = text.replace("x\n</parameter>\n", "x\n", 1)
+    ids = served.tokenizer.encode(unclosed, add_special_tokens=False).ids
+    _, final = run_output(forced(served, parameters, "auto"), ids + [served.eos])
+    (call,) = final.result.tool_calls
+    assert json.loads(call.arguments) == {names[0]: "x", names[1]: "y"}
 
 
 def test_declared_properties_beside_additional_properties_keep_their_own_schema(tool_models):

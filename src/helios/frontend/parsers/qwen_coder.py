@@ -14,12 +14,14 @@ values are typed by the request's JSON schema for the parameter. A value whose `
 left out ends at the next parameter tag or the function closer on a new line, as Qwen's and vLLM's
 parsers read it (``unclosed_value_ends``). A function written without the block around it
 (``<function=NAME>...</function>`` in answer text) is a call of a registered tool, as vLLM's
-parser reads it (``bare_invocations``). Recovery rules: `tag_tools`.
+parser reads it (``bare_invocations``). A parameter name is the text up to the tag's ``>``, quotes
+and line breaks included, as vLLM's qwen3_coder parser reads it (the template writes the name
+verbatim); only ``<`` ends it short. Recovery rules: `tag_tools`.
 """
 
 from __future__ import annotations
 
-from helios.frontend.parsers.scan import TagForm
+from helios.frontend.parsers.scan import FORBIDDEN_IN_TEXT, TagForm
 from helios.frontend.parsers.tool_grammar import ToolGrammar
 from helios.frontend.decoding.syntax import QwenCoderSyntax
 
@@ -30,7 +32,8 @@ def qwen_coder_grammar(syntax: QwenCoderSyntax) -> ToolGrammar:
         block_close=syntax.block_close,
         invoke_open=TagForm(syntax.function_open, (syntax.tag_end,)),
         invoke_close=syntax.function_close,
-        key_open=TagForm(syntax.parameter_open, (syntax.tag_end,)),
+        # the name is any text up to ">" (a quote or a line break in it made the parameter unwritable, a 400)
+        key_open=TagForm(syntax.parameter_open, (syntax.tag_end,), FORBIDDEN_IN_TEXT),
         value_close=syntax.parameter_close,
         value_wrap=syntax.value_wrap,
         block_lead=syntax.block_lead,

@@ -61,13 +61,15 @@ class OutputStart:
     answer_lead: str = ""  # CLOSED: wrapping after the close delimiter that the prompt has not written
 
 
-def pending_answer_lead(envelope_text: str, think: ThinkSyntax | None) -> str:
+def pending_answer_lead(envelope_text: str, think: ThinkSyntax | None, control_text: str | None = None) -> str:
     """The part of ``think.after_close`` that a prompt which closed reasoning has not written: a
     generation prompt ending ``</think>`` leaves the model to write the ``\\n`` after it (GLM), one
-    ending ``</think>\\n\\n`` leaves nothing (Qwen3). `envelope_text` is the open assistant envelope."""
+    ending ``</think>\\n\\n`` leaves nothing (Qwen3). `envelope_text` is the open assistant envelope;
+    `control_text` the same envelope with client markers escaped (`Prompt.control_text`), where the
+    close delimiter is looked for: a client's literal ``</think>`` in a prefilled answer closes nothing."""
     if think is None or not think.after_close:
         return ""
-    at = envelope_text.rfind(think.close)
+    at = (envelope_text if control_text is None else control_text).rfind(think.close)
     if at < 0:
         return ""
     written = envelope_text[at + len(think.close) :]

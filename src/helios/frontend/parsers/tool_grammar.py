@@ -56,7 +56,8 @@ class ToolGrammar:
         if not self.unclosed_value_ends:
             return {}
         wrap = self.value_wrap
-        tags = {"key": TagForm(wrap + self.key_open.prefix, self.key_open.terminators),
+        key = self.key_open
+        tags = {"key": TagForm(wrap + key.prefix, key.terminators, key.forbidden),
                 "end": TagForm(wrap + (self.invoke_close or self.block_close))}
         if self.invoke_close:
             tags["close"] = TagForm(wrap + self.block_close)

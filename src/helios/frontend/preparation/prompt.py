@@ -144,7 +144,13 @@ class PromptRules:
 
 @dataclass(frozen=True)
 class Prompt:
-    """A prepared prompt; `assistant_prefill` is the envelope text that decided `reasoning_state`."""
+    """A prepared prompt; `assistant_prefill` is the envelope text that decided `reasoning_state` (a
+    suffix of `text`).
+
+    `text` is what the ids decode to: client markers read as their literal text there, so a reader
+    looking for the template's controls (where a frame or the reasoning envelope starts) must look in
+    `control_text` instead, and may slice `text` at the offsets it finds (the two are the same length).
+    """
 
     text: str
     token_ids: tuple[int, ...]
@@ -153,6 +159,13 @@ class Prompt:
     stable_prefix_len: int
     image_urls: tuple[str, ...] = ()  # the messages' image parts, in prompt order
     continues_message: bool = False  # it ends inside the final message (`continue_final_message`)
+    escaped_text: str = ""  # the rendering with client markers escaped, where that changed it ("": `text`)
+
+    @property
+    def control_text(self) -> str:
+        """`text` with each client marker's first character replaced (`ControlMarkers`), so only the
+        template's own markers are found in it; character for character the length of `text`."""
+        return self.escaped_text or self.text
 
 
 class PromptBuilder:
@@ -196,7 +209,8 @@ class PromptBuilder:
         if inputs.is_escaped:
             prefill = self._markers.restore(prefill)
         stable = self._stable_prefix_len(parsed[:-1] if continue_final_message else parsed, inputs, token_ids)
-        return Prompt(text, token_ids, state, prefill, stable, tuple(image_urls(parsed)), continue_final_message)
+        return Prompt(text, token_ids, state, prefill, stable, tuple(image_urls(parsed)), continue_final_message,
+                      rendered if rendered != text else "")
 
     def _check_roles(self, messages: tuple[ChatMessage, ...]) -> None:
         declared = self._rules.declared_roles

@@ -286,34 +286,58 @@ class FrontendSyntax:
         return self.output.channels is not None
 
     def output_start(self, prompt: Prompt) -> OutputStart:
+        """The parsers' initial state. Controls are read in the prompt's `control_text`: a client's
+        literal ``<|start|>assistant`` or ``</think>`` in a prefilled message (`continue_final_message`)
+        is text, and neither opens a frame nor closes reasoning."""
         if self.has_frames:
-            frame = frame_start(prompt.text, self.output.frames, self.message_ends)
+            frame = frame_start(prompt.text, self.output.frames, self.message_ends, prompt.control_text)
         elif self.has_channels:
-            frame = channel_start(prompt.text, self.output.channels)
+            frame = channel_start(prompt.text, self.output.channels, prompt.control_text)
         else:
             frame = FrameStart()
         lead = ""
         if prompt.reasoning_state is ReasoningState.CLOSED:
-            lead = pending_answer_lead(prompt.assistant_prefill, self.output.think)
+            prefill_at = len(prompt.text) - len(prompt.assistant_prefill)
+            lead = pending_answer_lead(prompt.assistant_prefill, self.output.think, prompt.control_text[prefill_at:])
         return OutputStart(reasoning=prompt.reasoning_state, frame=frame, answer_lead=lead)
 
 
-def frame_start(prompt_text: str, frames: RecipientSyntax, message_ends: Sequence[str] = ()) -> FrameStart:
+def _last_header(prompt_text: str, control_text: str | None, start_control: str, ends: Sequence[str],
+                 message_control: str) -> tuple[str, bool] | None:
+    """The header after the last start control, and whether its message control completed it; None
+    without a start control or when an end marker closed that message. Controls are found in
+    `control_text` (the prompt with client markers escaped, `Prompt.control_text`; default
+    `prompt_text`) and the header is the `prompt_text` at the same offsets."""
+    controls = prompt_text if control_text is None else control_text
+    at = controls.rfind(start_control)
+    if at < 0:
+        return None
+    begin = at + len(start_control)
+    tail = controls[begin:]
+    if any(end and end in tail for end in ends):
+        return None
+    header_len = tail.find(message_control)
+    if header_len < 0:
+        return prompt_text[begin:], False
+    return prompt_text[begin:begin + header_len], True
+
+
+def frame_start(prompt_text: str, frames: RecipientSyntax, message_ends: Sequence[str] = (),
+                control_text: str | None = None) -> FrameStart:
     """Where generation starts among recipient frames, read from the end of the prompt text.
 
     After the last start control: a closed message (an end marker follows) -> BOUNDARY; a header
     without its message control -> HEADER (the header text so far); a complete header -> BODY of
-    its recipient. No start control, or a body header that does not parse -> BOUNDARY.
+    its recipient. No start control, or a body header that does not parse -> BOUNDARY. Controls are
+    read in `control_text` where given (see `_last_header`).
     """
-    at = prompt_text.rfind(frames.start_control)
-    if at < 0:
+    last = _last_header(prompt_text, control_text, frames.start_control,
+                        (frames.end_message_control, *message_ends), frames.message_control)
+    if last is None:
         return FrameStart()
-    tail = prompt_text[at + len(frames.start_control):]
-    if any(end and end in tail for end in (frames.end_message_control, *message_ends)):
-        return FrameStart()
-    header, found, _ = tail.partition(frames.message_control)
-    if not found:
-        return FrameStart(FramePosition.HEADER, header_text=tail)
+    header, is_complete = last
+    if not is_complete:
+        return FrameStart(FramePosition.HEADER, header_text=header)
     expected = frames.role + frames.recipient_prefix
     recipient = header[len(expected):].strip() if header.startswith(expected) else ""
     if not recipient:
@@ -321,18 +345,18 @@ def frame_start(prompt_text: str, frames: RecipientSyntax, message_ends: Sequenc
     return FrameStart(FramePosition.BODY, recipient=recipient)
 
 
-def channel_start(prompt_text: str, channels: ChannelSyntax) -> FrameStart:
+def channel_start(prompt_text: str, channels: ChannelSyntax, control_text: str | None = None) -> FrameStart:
     """Where generation starts among harmony frames, read from the end of the prompt text: after
     the last start control, a closed message -> BOUNDARY; a header without its message control ->
     HEADER (its text, controls spelled inline); a complete header -> BODY (``recipient`` holds the
-    whole header text, which the parser reads as it reads a generated one)."""
-    at = prompt_text.rfind(channels.start_control)
-    if at < 0:
+    whole header text, which the parser reads as it reads a generated one). Controls are read in
+    `control_text` where given (see `_last_header`)."""
+    last = _last_header(prompt_text, control_text, channels.start_control,
+                        (channels.end_control, channels.call_control, channels.return_control),
+                        channels.message_control)
+    if last is None:
         return FrameStart()
-    tail = prompt_text[at + len(channels.start_control):]
-    if any(end in tail for end in (channels.end_control, channels.call_control, channels.return_control)):
-        return FrameStart()
-    header, found, _ = tail.partition(channels.message_control)
-    if not found:
-        return FrameStart(FramePosition.HEADER, header_text=tail)
+    header, is_complete = last
+    if not is_complete:
+        return FrameStart(FramePosition.HEADER, header_text=header)
     return FrameStart(FramePosition.BODY, recipient=header) if header else FrameStart()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Mapping, Sequence
 
+from helios.frontend.structured.grammar import GrammarError
 from helios.frontend.structured.grammar_lark import Speller, json_literal, lark_of
 from helios.frontend.structured.grammar_options import OPTIONS_KEY, client_options
 from helios.frontend.structured.grammar_tools import ToolSchema
@@ -42,6 +43,7 @@ def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") 
         schema.setdefault("additionalProperties", False)
     if closer:
         schema = safe_bundle(schema, tool.document, string_pattern(ValueStyle(), closer))
+        _check_closer_free(tool, schema, closer)
     else:  # the target's refs, standalone (the top level it came from holds their definitions)
         schema = tool.document.bundled(schema)
     # A call's arguments are a JSON object, whatever else the top level allows (`object_parameters`);
@@ -51,6 +53,27 @@ def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") 
     # refused the others before this grammar is built), over the server's defaults, under its lenient.
     schema[OPTIONS_KEY] = {**json_options, **client_options(tool.parameters), "lenient": True}
     return json.dumps(schema, ensure_ascii=False)
+
+
+def _check_closer_free(tool: ToolSchema, schema: Mapping, closer: str, path: tuple[str, ...] = ()) -> None:
+    """GrammarError naming the first required parameter (a nested object's required key included)
+    whose every enum/const value holds the block `closer`: the safe schema leaves it no value
+    (``enum: []``), and the call could not be written (llguidance's bare "Unsatisfiable schema" was
+    the 400, naming neither the tool nor the parameter)."""
+    properties = schema.get("properties")
+    required = schema.get("required")
+    if not isinstance(properties, Mapping) or not isinstance(required, list):
+        return
+    for key in required:
+        value = properties.get(key) if isinstance(key, str) else None
+        if not isinstance(value, Mapping):
+            continue
+        if value.get("enum") == []:
+            where = "tools" if tool.index is None else f"{tool.param}.properties.{path[0] if path else key}"
+            raise GrammarError(f"tool {tool.name!r} parameter {'.'.join((*path, key))!r}: each of its enum/const "
+                               f"values holds {closer!r}, which ends this model's tool-call block, so none can be "
+                               "written", where)
+        _check_closer_free(tool, value, closer, (*path, key))
 
 
 def _call_rules(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[ToolSchema], json_options: Mapping) -> list[str]:
