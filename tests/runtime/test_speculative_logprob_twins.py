@@ -19,9 +19,9 @@ SPECULATIVE, DECODE = spb.GRAPH_OPERATION_SPECULATIVE, spb.GRAPH_OPERATION_DECOD
 
 
 def program(graph: str, operation: int, rows: int, tokens: int, width: int | None = None,
-            logprobs: int = 0) -> LoadedProgram:
-    shape = None if width is None else SpeculativeShape(width, width - 1, width, spb.VALUE_SOURCE_QUERY_LENGTH, 0)
-    return LoadedProgram(graph, operation, rows, tokens, torch.nn.Identity(), (), (), (), (), shape, logprobs,
+            logprobs: int = 0, source: int = spb.VALUE_SOURCE_QUERY_LENGTH, inputs: tuple = ()) -> LoadedProgram:
+    shape = None if width is None else SpeculativeShape(width, width - 1, width, source, 0)
+    return LoadedProgram(graph, operation, rows, tokens, torch.nn.Identity(), (), inputs, (), (), shape, logprobs,
                          bool(logprobs))
 
 
@@ -32,9 +32,30 @@ def test_speculative_programs_pair_with_their_twins_by_verify_width():
     wide_twin = program("speculative_logprobs", SPECULATIVE, 4, 4, width=4, logprobs=5)
     twins = logprob_twins([decode, decode_twin, narrow, wide, wide_twin])
     assert twins == {variant_name(decode): decode_twin, variant_name(wide): wide_twin}
-    assert not speculates_with_logprobs([decode, decode_twin, narrow, wide, wide_twin])  # the narrow one has none
-    assert speculates_with_logprobs([decode, decode_twin, wide, wide_twin])
-    assert not speculates_with_logprobs([decode, decode_twin])  # nothing speculates
+    assert not speculates_with_logprobs([decode, decode_twin, narrow, wide, wide_twin], 5)  # the narrow one has none
+    assert speculates_with_logprobs([decode, decode_twin, wide, wide_twin], 5)
+    assert not speculates_with_logprobs([decode, decode_twin], 5)  # nothing speculates
+    assert not speculates_with_logprobs([decode, decode_twin, wide, wide_twin], 6)  # fewer alternatives than asked
+
+
+def test_plain_programs_alike_in_capacities_and_inputs_get_no_twin():
+    """Two SPECULATIVE graphs of one capacity that differ in their length source (exact lengths and
+    device-allocated prefixes, as the example contract declares) each pair with their own twin, in any
+    order; two plain graphs alike in everything pairing sees get none (the later one's twin was taken
+    for both, whatever it computes)."""
+    allocating, exact = (spb.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT, spb.VALUE_SOURCE_QUERY_LENGTH)
+    confident = program("speculate_confident", SPECULATIVE, 4, 8, width=4, source=allocating)
+    confident_twin = program("speculate_confident_logprobs", SPECULATIVE, 4, 8, width=4, logprobs=5, source=allocating)
+    w4 = program("speculate_w4", SPECULATIVE, 4, 8, width=4, source=exact)
+    w4_twin = program("speculate_w4_logprobs", SPECULATIVE, 4, 8, width=4, logprobs=5, source=exact)
+    twins = logprob_twins([confident, w4, w4_twin, confident_twin])
+    assert twins == {variant_name(confident): confident_twin, variant_name(w4): w4_twin}
+    decode = program("decode", DECODE, 4, 4, inputs=("a",))
+    host_fed = program("decode_host_fed", DECODE, 4, 4, inputs=("a",))
+    twin = program("decode_logprobs", DECODE, 4, 4, logprobs=5, inputs=("a",))
+    assert logprob_twins([decode, host_fed, twin]) == {}
+    other = program("decode_host_fed", DECODE, 4, 4, inputs=("a", "pending"))
+    assert logprob_twins([decode, other, twin]) == {variant_name(decode): twin}
 
 
 def test_every_emitted_token_of_a_speculative_lane_gets_its_position_values():

@@ -1,4 +1,5 @@
-"""Token log-probabilities under speculative decoding (`SpeculativeLogprobsProgram`).
+"""Token log-probabilities under speculative decoding (token-logprobs twins of SPECULATIVE programs,
+`SpeculativeProgram.emitted_logprobs`).
 
 A core whose SPECULATIVE programs have token-logprobs twins keeps speculating for a lane that asks
 for log-probabilities; every token a lane emits in a round (accepted proposals and the bonus or

@@ -214,11 +214,13 @@ class SpeculativeProgram(torch.nn.Module):
     def emitted_logprobs(self, logits, emitted, repeated: Controls, first) -> tuple[torch.Tensor, ...]:
         """``helios::token_logprobs`` of every emitted token, [B, W] and [B, W, K] (the outputs of a
         token-logprobs variant, see `helios.ignition.program_spec`). Emitted token j is scored under
-        the distribution verification drew it from: the target's logits at position j, penalty
-        counts including proposals 0..j-1, the grammar mask at position 0 only - what a DECODE step
-        would score it under had the lane decoded those tokens one by one, so a request's values do
-        not depend on whether its tokens came from speculation. Positions past a lane's last emitted
-        token score -1 (-inf, as a row that samples nothing)."""
+        the target's distribution at position j (accepted proposal or corrected token alike; a
+        correction is drawn from the residual, but its value is the target's): the target's logits
+        there, penalty counts including proposals 0..j-1, the grammar mask at position 0 only (a
+        constrained lane is a single lane, width one) - what a DECODE step would score it under had
+        the lane decoded those tokens one by one, so a request's values do not depend on whether its
+        tokens came from speculation. Positions past a lane's last emitted token score token -1
+        (-inf, as a row that samples nothing)."""
         rows, width = self.rows, self.width
         tokens = torch.cat((emitted, emitted.new_full((rows, width - emitted.shape[1]), -1)), dim=1)
         penalties = repeated.params[4]

@@ -115,7 +115,8 @@ def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0)
         max_active=settings.max_concurrency, context_tokens=settings.context_tokens,
         prefill_tokens=settings.prefill_tokens, vocab_size=vocab_end, variants=variants, cache=geometry,
         input_vocab_size=model.prepared.input_range[1], queue_capacity=queue_capacity,
-        token_logprobs=logprob_width(model.programs), speculative_logprobs=speculates_with_logprobs(model.programs),
+        token_logprobs=logprob_width(model.programs),
+        speculative_logprobs=speculates_with_logprobs(model.programs, logprob_width(model.programs)),
         logit_bias_width=model.prepared.logit_bias_width,
         eos_width=model.prepared.eos_width,
     )

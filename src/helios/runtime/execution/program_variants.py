@@ -12,29 +12,35 @@ from helios.runtime.records.capacities import Operation
 
 
 def logprob_twins(programs) -> dict[str, LoadedProgram]:
-    """Plain variant name -> its token-logprobs twin (same operation and capacities, a SPECULATIVE
-    program's verify width included), over the loaded programs that have one."""
-    plain = {_capacities(p): variant_name(p) for p in programs if not p.token_logprobs}
+    """Plain variant name -> its token-logprobs twin (same operation, capacities and inputs, a
+    SPECULATIVE program's whole shape included), over the loaded programs that have one. Two plain
+    programs alike in all of these (a core's own graphs of one capacity that differ in what they
+    compute) get no twin: which twin computes which could not be told, so they run plainly."""
+    plain: dict[tuple, list[str]] = {}
+    for program in programs:
+        if not program.token_logprobs:
+            plain.setdefault(_pairing(program), []).append(variant_name(program))
     twins = {}
     for program in programs:
-        name = plain.get(_capacities(program))
-        if program.token_logprobs and name is not None:
-            twins[name] = program
+        names = plain.get(_pairing(program), ())
+        if program.token_logprobs and len(names) == 1:
+            twins[names[0]] = program
     return twins
 
 
-def speculates_with_logprobs(programs) -> bool:
-    """Whether every loaded SPECULATIVE program has a token-logprobs twin (and some is loaded): a
-    lane that asks for log-probabilities may then speculate (the executor runs the twins)."""
+def speculates_with_logprobs(programs, width: int) -> bool:
+    """Whether every loaded SPECULATIVE program has a token-logprobs twin returning at least `width`
+    alternatives (the plain programs' twins', `geometry.logprob_width`), and some is loaded: a lane
+    that asks for log-probabilities may then speculate (the executor runs the twins)."""
     twins = logprob_twins(programs)
     speculative = [p for p in programs if not p.token_logprobs and p.speculative is not None]
-    return bool(speculative) and all(variant_name(p) in twins for p in speculative)
+    return width > 0 and bool(speculative) and all(
+        variant_name(p) in twins and twins[variant_name(p)].token_logprobs >= width for p in speculative)
 
 
-def _capacities(program: LoadedProgram) -> tuple:
-    shape = program.speculative
-    widths = (shape.verify_tokens, shape.draft_tokens) if shape is not None else ()
-    return program.operation, program.batch_capacity, program.packed_token_capacity, widths
+def _pairing(program: LoadedProgram) -> tuple:
+    return (program.operation, program.batch_capacity, program.packed_token_capacity, program.speculative,
+            program.inputs)
 
 
 def program_table(model: LoadedModel) -> dict[str, LoadedProgram]:
