@@ -44,3 +44,24 @@ def test_other_reasons_are_written_as_they_are(reason):
     record.num_prompt_tokens, record.num_output_tokens, record.finish_reason = 3, 1, reason
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "client": ("10.0.0.1", 5)}
     assert f"finish={reason} " in access_line(scope, 200, record)
+
+
+WEATHER = {"type": "function", "function": {  # a short call: a random model writes it well within the context
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"enum": ["Oslo", "Rome"]}},
+                                          "required": ["city"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_response_that_ended_in_a_tool_call_is_logged_as_tool_calls(runner, served, app, caplog, stream):
+    """The client saw ``finish_reason: "tool_calls"``; the line said ``finish=stop`` (the record held
+    only the engine's ``eos``). The metrics keep the engine's name."""
+    caplog.set_level(logging.INFO, logger="helios.access")
+    finished = served.stats().requests_finished.get("eos", 0)
+    body = {"model": SERVED_ID, "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "seed": 1, "stream": stream}
+    response = runner.run(_post(app, body))
+    assert response.status_code == 200, response.text
+    assert '"finish_reason":"tool_calls"' in response.text.replace(" ", "")
+    lines = [r.getMessage() for r in caplog.records if r.name == "helios.access" and "/v1/chat" in r.getMessage()]
+    assert len(lines) == 1 and "finish=tool_calls " in lines[0], lines
+    assert served.stats().requests_finished.get("eos", 0) == finished + 1

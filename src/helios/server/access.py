@@ -8,7 +8,8 @@ OpenAI-style error body before their body is read. ``/health``, ``/metrics`` and
 
 `AccessLog`: one line per HTTP request on the ``helios.access`` logger, written when the response
 ended (a stream: after its last chunk): client, method, path, status, prompt and completion tokens,
-finish reason (as the response gave it: ``stop`` for an end-of-sequence token), latency and time to
+finish reason (as the response gave it: ``stop`` for an end-of-sequence token, ``tool_calls`` for one
+after tool calls), latency and time to
 first token (milliseconds; the first output token of any choice),
 the served model's name and the request's ``user`` (each quoted). The path is bounded
 (`helios.server.echo`) and escaped like ``user`` and the model's name: quotes, controls and every other
@@ -46,10 +47,11 @@ access_logger = logging.getLogger("helios.access")
 # peer (127.0.0.1 by default) from its X-Forwarded-For header as written: other text (a space, a quote,
 # U+0085 from a Latin-1 byte) is quoted and escaped, or it would forge fields or a line of its own.
 _ADDRESS = re.compile(r"[0-9A-Za-z.:%_\[\]-]+")
-# The finish reason a response showed its client where the engine's name differs (the record keeps the
-# engine's, as `helios_requests_finished{reason}` counts them): an end-of-sequence token ends a response
-# with "stop" (`helios.frontend.responses.presentation.finish_reason`). The other reasons are the same
-# words, or ends the client saw as an error (its status or error event).
+# The finish reason a response showed its client where the engine's name differs, for a record the
+# response bridge told no shown reason (`RequestRecord.show_finish`, which also tells ``tool_calls``;
+# the record keeps the engine's, as `helios_requests_finished{reason}` counts them): an end-of-sequence
+# token ends a response with "stop" (`helios.frontend.responses.presentation.finish_reason`). The other
+# reasons are the same words, or ends the client saw as an error (its status or error event).
 _CLIENT_REASONS = {"eos": "stop"}
 
 

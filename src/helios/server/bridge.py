@@ -49,7 +49,7 @@ from typing import Callable, Union
 
 from helios.errors import ExecutionError, HeliosError
 from helios.frontend.responses.output import OutputFinal, OutputProcessor, OutputStep
-from helios.frontend.responses.presentation import failure_error
+from helios.frontend.responses.presentation import failure_error, finish_reason
 from helios.runtime.records.events import FinishEvent, FinishReason, PromptScoresEvent, RequestEvent, TokenEvent
 from helios.server.admission import Permit
 
@@ -121,7 +121,11 @@ class ResponseBridge:
         stop: Callable[[str, int], None] | None = None,
         observe: Callable[[RequestEvent], None] | None = None,
         stream_interval: int = 1,
+        show_finish: Callable[[str], None] | None = None,
     ):
+        """`show_finish`: told the finish reason a successful response shows its client (before
+        `observe` gets the end), which can differ from the engine's (``tool_calls`` for an end of
+        sequence after tool calls): the access line writes what the client saw."""
         self.request_id = request_id
         self._output = output
         self._is_stream = is_stream
@@ -131,6 +135,7 @@ class ResponseBridge:
         self._outbox = outbox
         self._stop = stop
         self._observe = observe
+        self._show_finish = show_finish
         self._has_hook_failed = False  # logged once per response, not once per token
         self._stream_interval = stream_interval
         self._held: list[OutputStep] = []  # worker side: steps waiting for the stream interval
@@ -177,6 +182,8 @@ class ResponseBridge:
             event = event._replace(reason=FinishReason.ERROR)
         elif isinstance(terminal, OutputFinal) and terminal.reason is not event.reason:
             event = event._replace(reason=terminal.reason)
+        if isinstance(terminal, OutputFinal) and self._show_finish is not None:
+            self._shown(terminal)
         if self._observe is not None:
             self._observed(event)
         if terminal is not None:
@@ -185,8 +192,15 @@ class ResponseBridge:
     def _observed(self, event: RequestEvent) -> None:
         """Tells `observe` of `event`; a hook that raises is ignored: measurement never fails a
         request (its error would reach `on_failure` and end a response whose output succeeded)."""
+        self._hooked(self._observe, event)
+
+    def _shown(self, final: OutputFinal) -> None:
+        """Tells `show_finish` the finish reason `final` shows; like `_observed`, never fails."""
+        self._hooked(lambda final: self._show_finish(finish_reason(final)), final)
+
+    def _hooked(self, hook: Callable[[object], None], value: object) -> None:
         try:
-            self._observe(event)
+            hook(value)
         except Exception:  # noqa: BLE001 - logged once, so a broken hook does not go unnoticed
             if not self._has_hook_failed:
                 self._has_hook_failed = True

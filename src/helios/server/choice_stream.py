@@ -31,11 +31,24 @@ from helios.server.responses import Lease, LeasedSSE
 
 
 _TERMINAL_FIELDS = ("usage", "reused_prompt_tokens", "performance")  # `presentation._terminal_fields`
+CHOICE_SUFFIX = "-0"  # the first choice's suffix on the request's id (`response_id`)
 
 
 def is_batch(choices: Sequence) -> bool:
     """Whether the choices answer several prompts (a batch of text completions)."""
     return any(choice.prompt_index for choice in choices)
+
+
+def response_id(choices: Sequence) -> str:
+    """The id of the whole response: one id for every choice, as OpenAI and vLLM give (the
+    choices carry their ``index``). Each choice is an engine request of its own, named
+    ``{base}-{k}`` for choice ``k`` (`helios.server.service`), whose head carries an id of that
+    name; the response's is the first choice's without its ``-0``: the request's own id."""
+    head = choices[0].prepared.head
+    request_id = choices[0].prepared.request_id
+    if request_id.endswith(CHOICE_SUFFIX) and head.response_id.endswith(request_id):
+        return head.response_id[: -len(CHOICE_SUFFIX)]
+    return head.response_id
 
 
 def merged_usage(choices: Sequence, finals: Sequence[OutputFinal]) -> dict:
@@ -73,8 +86,8 @@ class ChoiceMailbox:
 
 
 class ChoicesPresenter:
-    """SSE bytes of several choices' items: each chunk with its choice's ``index`` and the
-    response's ``id`` and ``created`` (the first choice's, as in the JSON body), observed choices'
+    """SSE bytes of several choices' items: each chunk with its choice's ``index``, the response's
+    ``id`` (`response_id`, as in the JSON body) and ``created`` (the first choice's), observed choices'
     ``prompt_token_ids`` as in the JSON body (the first choice's at the top level; with a batch of
     prompts each choice's on the choice too), a chat prompt's ``prompt_logprobs`` once (the first
     choice's); the per-choice
@@ -87,15 +100,25 @@ class ChoicesPresenter:
         self._presenters = presenters
         head = choices[0].prepared.head
         self._head = head
+        self._response_id = response_id(choices)
         self._is_batch = is_batch(choices)
         self.finals: list[OutputFinal | None] = [None] * len(choices)
+        # Continuous usage (`StreamPresenter.continuous_usage`): every chunk carries the response's
+        # usage so far, each prompt once and every choice's output tokens so far (the last chunk's
+        # is the merged usage of the end).
+        self._is_continuous = bool(presenters) and presenters[0].continuous_usage
+        self._prompt_lens = {choice.prompt_index: len(choice.prepared.prompt_token_ids) for choice in choices}
+        self._num_outputs = [0] * len(choices)
 
     def _render(self, index: int, chunks: list[dict]) -> bytes:
         out = []
         for chunk in chunks:
             if not chunk["choices"] and chunk.get("usage") is not None:
                 continue  # a choice's usage-only chunk: one merged chunk at the end instead
-            if chunk["choices"] and chunk.get("usage") is not None:
+            if self._is_continuous:  # the choice's usage so far becomes the response's
+                self._num_outputs[index] = chunk["usage"]["completion_tokens"]
+                chunk["usage"] = self._usage_so_far()
+            elif chunk["choices"] and chunk.get("usage") is not None:
                 # An observed choice's terminal chunk (no include_usage) carries the terminal
                 # fields: the response's (as in the JSON body) on the last choice to finish, none
                 # on the others.
@@ -103,7 +126,7 @@ class ChoicesPresenter:
                     chunk.pop(name, None)
                 if self._is_over():
                     chunk.update(self._terminal_fields())
-            chunk["id"], chunk["created"] = self._head.response_id, self._head.created  # each choice has its own
+            chunk["id"], chunk["created"] = self._response_id, self._head.created  # each choice has its own
             for entry in chunk["choices"]:
                 entry["index"] = index
             prompt_ids = chunk.pop("prompt_token_ids", None)  # on each observed choice's first chunk
@@ -147,6 +170,12 @@ class ChoicesPresenter:
             parts.append(sse_error(failure))
         return b"".join(parts), True
 
+    def _usage_so_far(self) -> dict:
+        prompt_tokens = sum(self._prompt_lens.values())
+        completion_tokens = sum(self._num_outputs)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
+
     def _is_over(self) -> bool:
         return all(final is not None for final in self.finals)
 
@@ -161,7 +190,7 @@ class ChoicesPresenter:
         head = self._head
         if not head.options.include_usage:
             return SSE_DONE
-        usage = {"id": head.response_id, "object": _OBJECTS[head.kind][1], "created": head.created,
+        usage = {"id": self._response_id, "object": _OBJECTS[head.kind][1], "created": head.created,
                  "model": head.model, "choices": [], **self._terminal_fields()}
         return sse_data(usage) + SSE_DONE
 

@@ -23,7 +23,8 @@ An observed response (``return_token_ids``) has the first prompt's ``prompt_toke
 level and, for a batch of several prompts, each choice its own prompt's on the choice.
 Usage counts each prompt once and every choice's output. JSON: one body with every choice (the first
 failure instead, as its status, with the other choices cancelled as soon as it arrives). SSE: the choices' chunks
-interleaved as they come, each with its ``index`` and the response's ``id``, then one usage chunk
+interleaved as they come, each with its ``index`` and the response's ``id`` (the request's: one id
+for the whole response, as OpenAI and vLLM give, never a choice's), then one usage chunk
 (with ``stream_options.include_usage``) and one ``[DONE]``; a failure ends the stream with one
 ``event: error`` and cancels the other choices (`helios.server.choice_stream`, which keeps the
 single stream's send deadline, disconnect and shutdown behaviour).
@@ -42,7 +43,7 @@ from helios.frontend.preparation.generation import ContextLimitExceeded
 from helios.frontend.responses.presentation import error_body
 from helios.frontend.session import PreparedRequest
 from helios.server.bridge import Failure, ResponseBridge
-from helios.server.choice_stream import ChoicesSSEResponse, is_batch, merged_usage
+from helios.server.choice_stream import ChoicesSSEResponse, is_batch, merged_usage, response_id
 from helios.server.responses import Lease, LeasedJSONResponse
 from helios.server.schemas import MAX_CHOICES
 
@@ -108,6 +109,7 @@ def _merged_body(choices: Sequence[Choice], terminals: Sequence) -> dict:
         if batch and "prompt_token_ids" in body:  # the top level has the first prompt's only
             entry["prompt_token_ids"] = body["prompt_token_ids"]
     merged = bodies[0]
+    merged["id"] = response_id(choices)
     merged["choices"] = entries
     merged["usage"] = merged_usage(choices, terminals)
     return merged

@@ -77,7 +77,8 @@ class RequestRecord:
     num_prompt_tokens: int | None = None
     num_output_tokens: int | None = None
     num_reused_tokens: int | None = None  # prompt tokens served from the prefix cache (the engine's)
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # the engine's settled reason, as the metrics count it
+    shown_finish_reason: str | None = None  # the one the response showed its client (`ResponseBridge`)
     prompt_len: int | None = None  # the choice's prompt tokens, set when it is submitted to the engine
     prompt_index: int = 0  # which prompt of a batch this choice continues
     choices: list[RequestRecord] = field(default_factory=list)  # the other choices (n, batched prompts)
@@ -104,6 +105,11 @@ class RequestRecord:
         """The request's first record (this one, unless this is another choice's)."""
         return self._request or self
 
+    def show_finish(self, reason: str) -> None:
+        """Notes the finish reason the choice's response showed its client (``tool_calls`` where
+        the engine's is ``eos``), which the access line writes."""
+        self.shown_finish_reason = reason
+
     def totals(self) -> tuple[int, int] | None:
         """(prompt, output) tokens as usage counts them: each prompt once, every choice's output,
         over the choices that ended (each choice is its own engine request); None before any did."""
@@ -115,7 +121,8 @@ class RequestRecord:
 
     def logged_totals(self) -> tuple[int, int, str | None] | None:
         """(prompt tokens, output tokens, finish reason) as the access line writes them once the
-        response ended: `totals` and the first choice's reason, or the first failed choice's (by
+        response ended: `totals` and the first choice's reason (the one its client saw where the
+        bridge told it: `show_finish`), or the first failed choice's (by
         index) where one failed, as the response is that failure (its status, or a stream's error
         event). A choice submitted (`prompt_len`) but not ended then was cut: the response ended
         first (its client went away, a send timed out, shutdown dropped it, a sibling's failure
@@ -139,7 +146,7 @@ class RequestRecord:
                 num_output_tokens += r.num_output_tokens or 0
                 if failure is None and r.finish_reason in _FAILED_NAMES:
                     failure = r.finish_reason
-        reason = failure or (CANCELLED if is_cut else self.finish_reason)
+        reason = failure or (CANCELLED if is_cut else self.shown_finish_reason or self.finish_reason)
         return sum(prompts.values()), num_output_tokens, reason
 
 

@@ -259,6 +259,8 @@ ResponseFormat = Annotated[
 
 class StreamOptions(_Strict):
     include_usage: StrictBool | None = None
+    continuous_usage_stats: StrictBool | None = Field(
+        default=None, description="Extension (vLLM): every chunk carries the usage so far (needs include_usage)")
     include_obfuscation: Literal[False] | None = Field(
         default=None, description="Helios pads no chunk with an obfuscation field: false only")
 

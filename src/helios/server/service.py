@@ -329,6 +329,7 @@ class ServedModel:
             prepared.request_id, output, is_stream=prepared.head.options.is_stream, permit=permit,
             cancel=self.commands.cancel, origin_ns=self.clock.origin_ns, outbox=self._loop_outbox(),
             stop=self.commands.stop_matched, observe=observe, stream_interval=self.stream_interval,
+            show_finish=record.show_finish,
         )
         grammar = TensorGrammar(prepared.grammar) if prepared.grammar is not None else None
         request = EngineRequest(spec, grammar=grammar)

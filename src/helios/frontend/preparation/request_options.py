@@ -64,6 +64,7 @@ class ResponseOptions:
     is_stream: bool = False
     include_usage: bool = False
     observation: ObservationOptions = ObservationOptions()
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage on every chunk
 
 
 def parse_response_options(body: SamplingBody) -> ResponseOptions:
@@ -72,8 +73,13 @@ def parse_response_options(body: SamplingBody) -> ResponseOptions:
     stream_options = body.stream_options
     if stream_options is not None and not is_stream:
         raise ChatOptionError("stream_options is only allowed when stream is true", "stream_options")
-    include = getattr(stream_options, "include_usage", None) if stream_options is not None else None
-    return ResponseOptions(is_stream, parse_optional_bool("stream_options.include_usage", include), observation)
+    include = parse_optional_bool("stream_options.include_usage", getattr(stream_options, "include_usage", None))
+    continuous = parse_optional_bool("stream_options.continuous_usage_stats",
+                                     getattr(stream_options, "continuous_usage_stats", None))
+    if continuous and not include:  # vLLM ignores it there; a client asking for usage it will not get is told
+        raise ChatOptionError("stream_options.continuous_usage_stats puts the usage on every chunk: it needs "
+                              "stream_options.include_usage true", "stream_options.continuous_usage_stats")
+    return ResponseOptions(is_stream, include, observation, continuous)
 
 
 def parse_body_stops(body: SamplingBody, vocab_size: int, *, has_structured_output: bool = False) -> StopOptions:

@@ -89,6 +89,7 @@ class OutputStep:
     is_stopped: bool
     logprobs: tuple[LogprobEntry, ...] = ()  # the token's entry, for requests that ask
     prompt_logprobs: tuple[LogprobEntry, ...] | None = None  # the prompt's, on the first step after them
+    num_output_tokens: int = 0  # output tokens usage counts so far, this one's included (continuous usage)
 
 
 @dataclass(frozen=True)
@@ -303,12 +304,12 @@ class OutputProcessor:
         if self._prompt_scoring is not None and not self._prompt_scoring.shows_output:
             return OutputStep(None, (), False)
         if self._is_ended:
-            return OutputStep(None, (), self._is_stopped)
+            return OutputStep(None, (), self._is_stopped, num_output_tokens=self._num_tokens)
         self._num_tokens += 1
         observation = self._observe(token_id, observed_ns)
         if token_id in self._eos:
             self._is_ended = True
-            return OutputStep(observation, (), False)
+            return OutputStep(observation, (), False, num_output_tokens=self._num_tokens)
         if self._token_stops is not None:
             return self._feed_token_stops(observation, token_id, logprobs)
         text = self._detokenizer.feed(token_id)
@@ -318,7 +319,8 @@ class OutputProcessor:
         elif self._string_stops is not None:
             text = self._stop_ahead_text()
         if self._stops is None:
-            return OutputStep(observation, tuple(self._parse([(token_id, text)])), False, self._hand_on(entry))
+            return OutputStep(observation, tuple(self._parse([(token_id, text)])), False, self._hand_on(entry),
+                              num_output_tokens=self._num_tokens)
         result = self._stops.feed(token_id, text)
         self._pending.push(token_id, text, entry, self._detokenizer.num_carried)
         segments, entries = self._pending.release(len(result.emit_text))
@@ -327,7 +329,8 @@ class OutputProcessor:
             segments += cut
             entries += cut_entries
             self._is_ended = self._is_stopped = True
-        return OutputStep(observation, tuple(self._parse(segments)), result.matched, self._hand_on(entries))
+        return OutputStep(observation, tuple(self._parse(segments)), result.matched, self._hand_on(entries),
+                          num_output_tokens=self._num_tokens)
 
     def _stop_ahead_text(self) -> str:
         """The text the detokenizer holds (an open character at its end) that no later id changes,
@@ -360,7 +363,8 @@ class OutputProcessor:
             self._held.clear()
             segments.append((NOT_A_TOKEN, self._detokenizer.finish()))
             self._is_ended = self._is_stopped = True
-        return OutputStep(observation, tuple(self._parse(segments)), matched, self._hand_on(entries))
+        return OutputStep(observation, tuple(self._parse(segments)), matched, self._hand_on(entries),
+                          num_output_tokens=self._num_tokens)
 
     def _detokenize_held(self, count: int) -> tuple[list[Segment], list[LogprobEntry]]:
         """Detokenizes the first `count` held ids, each with its log-probability entry."""

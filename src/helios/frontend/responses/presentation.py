@@ -15,7 +15,8 @@ Pure data in, plain dicts and bytes out; the server only writes them. Shapes:
   timestamps) in order, then their deltas merged (an observed output without a token, ``max_tokens:
   0``, has its empty lists on the terminal chunk). The stream ends with a terminal choice chunk
   (``delta={}`` and the finish reason), then, with ``stream_options.include_usage``, a usage-only
-  chunk with ``choices=[]`` (every earlier chunk has ``usage: null``), then ``data: [DONE]``;
+  chunk with ``choices=[]`` (every earlier chunk has ``usage: null``, or with vLLM's
+  ``continuous_usage_stats`` the usage so far), then ``data: [DONE]``;
 - observation: ``prompt_token_ids`` at the top level of the JSON body or of the first chunk;
   ``choices[0].token_ids`` (and ``token_timestamps_ns``) in JSON; on the terminal response (the
   JSON body, or the chunk carrying usage: the usage-only chunk with include_usage, else the
@@ -279,8 +280,14 @@ class StreamPresenter:
     """SSE chunks of one streamed response, as dicts (`*_chunks`) or encoded bytes (`sse_*`)."""
 
     def __init__(self, head: ResponseHead):
+        """With `ResponseOptions.continuous_usage` (vLLM's ``stream_options.continuous_usage_stats``,
+        with include_usage only) every chunk's ``usage`` is the usage so far (the prompt, and the
+        output tokens usage counts up to that chunk's), not null; the last equals the final usage.
+        Its chunks are encoded whole (no `ChunkTemplate`, whose tail is a constant)."""
         self._head = head
         self._is_chat = head.kind is ResponseKind.CHAT
+        self.continuous_usage = head.options.continuous_usage and head.options.include_usage
+        self._num_output_tokens = 0  # continuous usage: output tokens of the chunks made so far
         self._has_sent_first = False
         self._text_offsets = TextOffsets()  # text streams: where the scored tokens sent so far end
         self._num_entries_sent = 0  # output log-probability entries sent so far
@@ -327,6 +334,7 @@ class StreamPresenter:
         """The chunks of consecutive steps presented as one (`helios.frontend.responses.step_run`):
         one metadata chunk with every observed id, then the run's deltas, its log-probability
         entries on the first of them."""
+        self._num_output_tokens = max(self._num_output_tokens, run.num_output_tokens)
         chunks = self._echo_chunks(run.prompt_logprobs)
         if run.observations:
             choice = self._choice({}, token_ids=[o.token_id for o in run.observations])
@@ -348,6 +356,7 @@ class StreamPresenter:
     def finish_chunks(self, final: OutputFinal) -> list[dict]:
         """Flushed deltas (with the entries of the tokens whose text the end released), the terminal
         choice chunk and, with include_usage, the usage chunk."""
+        self._num_output_tokens = final.usage.completion_tokens
         chunks = self._echo_chunks(final.prompt_logprobs)
         chunks += self._with_entries(self._event_chunks(final.events), (final.logprobs or ())[self._num_entries_sent:])
         terminal = self._chunk([self._choice({}, finish_reason=finish_reason(final))])
@@ -378,7 +387,7 @@ class StreamPresenter:
     def sse_run(self, run: StepRun) -> bytes:
         """The bytes of `run_chunks(run)`; plain runs (no log-probabilities, nothing left to echo,
         after the first chunk) are rendered from the stream's `ChunkTemplate`."""
-        if not self._has_sent_first or run.logprobs or self._is_echo_pending():
+        if not self._has_sent_first or run.logprobs or self._is_echo_pending() or self.continuous_usage:
             return b"".join(sse_data(chunk) for chunk in self.run_chunks(run))
         template = self._template
         parts = []
@@ -400,7 +409,7 @@ class StreamPresenter:
         the stream's `ChunkTemplate` in one formatting operation; None for any other step (the
         caller takes `sse_step`)."""
         if not self._is_steady:
-            if not self._has_sent_first or self._is_echo_pending():
+            if not self._has_sent_first or self._is_echo_pending() or self.continuous_usage:
                 return None
             self._is_steady = True  # both conditions hold from now on
         if step.logprobs or step.prompt_logprobs is not None:
@@ -442,5 +451,8 @@ class StreamPresenter:
         self._has_sent_first = True
         chunk["choices"] = choices
         if head.options.include_usage:
-            chunk["usage"] = None
+            chunk["usage"] = self._usage_so_far() if self.continuous_usage else None
         return chunk
+
+    def _usage_so_far(self) -> dict:
+        return usage_body(Usage(len(self._head.prompt_token_ids), self._num_output_tokens))

@@ -29,6 +29,7 @@ class StepRun(NamedTuple):
     events: tuple[Event, ...]
     logprobs: tuple[LogprobEntry, ...] = ()
     prompt_logprobs: tuple[LogprobEntry, ...] | None = None
+    num_output_tokens: int = 0  # output tokens usage counts after the run's last step
 
     @classmethod
     def of(cls, steps: Sequence[OutputStep]) -> StepRun:
@@ -36,7 +37,7 @@ class StepRun(NamedTuple):
         if len(steps) == 1:
             step = steps[0]
             observations = () if step.observation is None else (step.observation,)
-            return cls(observations, step.events, step.logprobs, step.prompt_logprobs)
+            return cls(observations, step.events, step.logprobs, step.prompt_logprobs, step.num_output_tokens)
         observations, events, logprobs = [], [], []
         prompt = None
         for step in steps:
@@ -46,7 +47,7 @@ class StepRun(NamedTuple):
             logprobs.extend(step.logprobs)
             if prompt is None:
                 prompt = step.prompt_logprobs
-        return cls(tuple(observations), tuple(events), tuple(logprobs), prompt)
+        return cls(tuple(observations), tuple(events), tuple(logprobs), prompt, steps[-1].num_output_tokens)
 
 
 def runs_of(items: Sequence) -> list:
