@@ -261,3 +261,16 @@ def test_a_literal_close_in_a_prefilled_answer_is_answer_text(qwen3, qwen_tokeni
     prompt = qwen3.build(messages, continue_final_message=True)
     assert prompt.text.endswith("</think>\n\nWrite </think>") and prompt.reasoning_state is ReasoningState.CLOSED
     assert syntax.output_start(prompt).answer_lead == ""
+
+
+@pytest.mark.parametrize("content, state", [("Let me", ReasoningState.CLOSED), ("", ReasoningState.UNOPENED),
+                                            (" \n", ReasoningState.UNOPENED)])
+def test_a_continued_answer_opens_no_reasoning_after_its_text(qwen_tokenizer, content, state):
+    """A template that writes no reasoning envelope into history (the embedded model's) left a
+    continued answer's prompt "reasoning not yet opened": a grammar (json_object, a forced tool call)
+    then let the output open a reasoning section after the prefilled answer text. With text the
+    answer has begun; an empty or blank prefill may still open reasoning."""
+    builder = PromptBuilder(ChatTemplate(EMBEDDED.read_text()), qwen_tokenizer, QWEN_RULES)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": content}]
+    prompt = builder.build(messages, continue_final_message=True)
+    assert "<think>" not in prompt.text and prompt.reasoning_state is state

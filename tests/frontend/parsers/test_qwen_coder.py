@@ -119,8 +119,17 @@ CASES = {
         Expect("", "Write <function=nope> or <function=get_time to call."),
     ),
     "bare_unterminated_function_is_content": (
-        UNOPENED, ["Ok <function=get_weather>\n<parameter=city>\nPar"],
-        Expect("", "Ok <function=get_weather>\n<parameter=city>\nPar", errors=(K.UNTERMINATED_CALL,)),
+        UNOPENED, ["Ok\n<function=get_weather>\n<parameter=city>\nPar"],
+        Expect("", "Ok\n<function=get_weather>\n<parameter=city>\nPar", errors=(K.UNTERMINATED_CALL,)),
+    ),
+    # ... but only at the start of a line, where the template writes one: prose naming it stays prose
+    "bare_function_mid_line_is_content": (
+        UNOPENED, ["In this format you write <function=get_time></function> to call it."],
+        Expect("", "In this format you write <function=get_time></function> to call it."),
+    ),
+    "bare_function_mid_line_with_parameters_is_content": (
+        UNOPENED, ["Example: <function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function> is a call."],
+        Expect("", "Example: <function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function> is a call."),
     ),
     "unterminated_block_is_content": (UNOPENED, ["Hm\n\n<tool_call>\n<funct"], Expect("", "Hm\n\n<tool_call>\n<funct", errors=(K.UNTERMINATED_CALL,))),
 }

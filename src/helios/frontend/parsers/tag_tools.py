@@ -112,6 +112,7 @@ class TagToolParser:
         self._key = ""
         self._block_calls = 0
         self._bare = False  # the open block is a bare invocation's: its invocation closer ends it
+        self._at_line_start = True  # the answer text so far ends a line (or there is none): a bare tag may open
         self._num_calls = 0
         self._call: OpenCall | None = None
         self._held: list[Event] = []  # the open call's events, released when it ends
@@ -211,6 +212,8 @@ class TagToolParser:
         return False
 
     def _answer_text(self, out: list[Event], text: str) -> None:
+        if text:
+            self._at_line_start = text.endswith("\n")
         if self._stray_mode is StrayText.ERROR:
             self._stray.append(text)
             return
@@ -304,10 +307,11 @@ class TagToolParser:
         self._state = _S.NAME if self._g.invoke_open is None else _S.BLOCK
 
     def _open_bare(self, out: list[Event], name: str, tag_text: str) -> None:
-        """An invocation tag in answer text (`ToolGrammar.bare_invocations`): a call the output may
-        make opens a block of its own, ended by the invocation closer; any other tag is answer text
-        (prose naming ``<function=x>`` raises nothing and swallows nothing)."""
-        if self._invoke_error(name) is not None:
+        """An invocation tag in answer text (`ToolGrammar.bare_invocations`): one at the start of a
+        line (as the template writes a call) naming a call the output may make opens a block of its
+        own, ended by the invocation closer; any other tag is answer text (prose naming
+        ``<function=x>`` mid-line, or a tool it may not call, raises nothing and swallows nothing)."""
+        if not self._at_line_start or self._invoke_error(name) is not None:
             self._answer_text(out, tag_text)
             return
         self._open_block(out, "")

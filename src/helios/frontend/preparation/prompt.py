@@ -206,6 +206,10 @@ class PromptBuilder:
         rendered = self._render(inputs, inputs.messages, add_generation_prompt, continue_final_message)
         text, token_ids = self._encode(rendered, inputs)
         state, prefill = initial_reasoning_state(rendered, self._rules)
+        if continue_final_message and state is ReasoningState.UNOPENED and prefill.strip():
+            # The continued message's answer has begun (a template that writes no reasoning envelope
+            # into history): the output goes on with it, and opens no reasoning after answer text.
+            state = ReasoningState.CLOSED
         if inputs.is_escaped:
             prefill = self._markers.restore(prefill)
         stable = self._stable_prefix_len(parsed[:-1] if continue_final_message else parsed, inputs, token_ids)

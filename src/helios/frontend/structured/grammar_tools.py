@@ -72,9 +72,10 @@ class AnswerKind(enum.Enum):
 
 
 def is_markup_name(name: str, forbidden: frozenset[str] = FORBIDDEN_IN_CAPTURE) -> bool:
-    """Whether the tag parsers can read ``name`` as an invocation or parameter name: a name captured
-    inside a tag holds none of ``<>"`` nor a newline; a key written as text between tags (GLM's
-    ``<arg_key>K</arg_key>``, its `TagForm`'s ``forbidden``: ``<`` only) may hold the others."""
+    """Whether the tag parsers can read ``name`` as an invocation or parameter name: it holds none of
+    its syntax's ``forbidden`` characters (a name captured inside a tag, by default: none of ``<>"``
+    nor a newline; GLM's keys written as text between tags and Qwen3-Coder's parameter names, their
+    `TagForm`'s ``forbidden``: ``<`` only)."""
     return bool(name) and name == name.strip() and len(name) <= MAX_CAPTURE_LEN and not (set(name) & forbidden)
 
 
