@@ -881,6 +881,7 @@ def test_qwen_free_text_beside_grammar_calls_never_spells_a_bare_function(served
     head = ids_of(tokenizer, "</think>")
     assert accepts(single.grammar, head + plain_ids(tokenizer, "Use function=get_time <b>."))
     assert not accepts(single.grammar, head + plain_ids(tokenizer, "Sure <function=get_time>\n</function>"))
+    assert not accepts(single.grammar, head + plain_ids(tokenizer, "Sure\n<function=get_time>\n</function>"))
     bare = plain_ids(tokenizer, "<function=get_time>\n</function>")
-    result = run_output(single, head + plain_ids(tokenizer, "Sure ") + bare + [case.eos])[1].result
+    result = run_output(single, head + plain_ids(tokenizer, "Sure\n") + bare + [case.eos])[1].result
     assert [call.name for call in result.tool_calls] == ["get_time"]  # what such text would have been
