@@ -170,6 +170,16 @@ def recipient_frontend() -> dict:
     }
 
 
+def harmony_frontend() -> dict:
+    """The harmony channel parsers (gpt-oss style): channels for reasoning and tool calls."""
+    from contract.cases_contract import HARMONY
+
+    return {"tool_parser": "TOOL_PARSER_HARMONY_CHANNELS", "reasoning_parser": "REASONING_PARSER_HARMONY_CHANNELS",
+            "channel_syntax": dict(HARMONY),
+            "assistant_boundary": {"message_start": "<|start|>", "message_end": "<|end|>",
+                                   "assistant_header": "assistant"}}
+
+
 def served_contract(
     vocab_size: int,
     frontend: dict,

@@ -199,18 +199,13 @@ MARKER_PREFILL = "x <|end|> y <|start|>assistant"  # a client's literal controls
 
 
 def harmony_model():
-    from contract.cases_contract import HARMONY
     from frontend.parsers.conftest import HARMONY_CONTROLS, small_bpe
-    from frontend.served import cached_model, served_contract
+    from frontend.served import cached_model, harmony_frontend, served_contract
     from helios.frontend.session import FrontendModel
 
     tokenizer = small_bpe(["<|endoftext|>", *HARMONY_CONTROLS])
-    frontend = {"tool_parser": "TOOL_PARSER_HARMONY_CHANNELS", "reasoning_parser": "REASONING_PARSER_HARMONY_CHANNELS",
-                "channel_syntax": dict(HARMONY),
-                "assistant_boundary": {"message_start": "<|start|>", "message_end": "<|end|>",
-                                       "assistant_header": "assistant"}}
     eos = [tokenizer.token_to_id(text) for text in ("<|endoftext|>", "<|return|>", "<|call|>")]
-    contract = served_contract(tokenizer.get_vocab_size(), frontend, eos)
+    contract = served_contract(tokenizer.get_vocab_size(), harmony_frontend(), eos)
     source = (TEMPLATES / "gpt_oss.jinja").read_text()
     return cached_model("harmony-gpt-oss", tokenizer, lambda: FrontendModel.from_contract(contract, tokenizer, source)), tokenizer
 

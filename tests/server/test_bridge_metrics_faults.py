@@ -79,6 +79,13 @@ class _Stopped(_Output):
                            else reason, None, None, None)
 
 
+def stopped_bridge(outbox: _Outbox, stops: list, observed: list) -> ResponseBridge:
+    """A bridge over `_Stopped` that records the stop counts it tells the engine and what it observes."""
+    return ResponseBridge("r", _Stopped(), is_stream=False, permit=SimpleNamespace(release=lambda: None),
+                          cancel=lambda request_id: None, origin_ns=0, outbox=outbox,
+                          stop=lambda request_id, count: stops.append(count), observe=observed.append)
+
+
 @pytest.mark.parametrize("reason", [FinishReason.CANCELLED, FinishReason.GRAMMAR_DEAD_END,
                                     FinishReason.GRAMMAR_LIMIT, FinishReason.LENGTH])
 def test_an_end_the_engine_reached_past_a_matched_stop_is_measured_as_the_response_ends(reason):
@@ -87,9 +94,7 @@ def test_an_end_the_engine_reached_past_a_matched_stop_is_measured_as_the_respon
     tokens up to the stop, but `observe` got the engine's count (the tokens past the stop included)
     for every reason but EOS and the output limit."""
     observed, outbox, stops = [], _Outbox(), []
-    bridge = ResponseBridge("r", _Stopped(), is_stream=False, permit=SimpleNamespace(release=lambda: None),
-                            cancel=lambda request_id: None, origin_ns=0, outbox=outbox,
-                            stop=lambda request_id, count: stops.append(count), observe=observed.append)
+    bridge = stopped_bridge(outbox, stops, observed)
     consume(bridge, TokenEvent("r", (7, 8), None))
     consume(bridge, TokenEvent("r", (9, 10), None))  # generated before the engine was told of the stop
     consume(bridge, FinishEvent("r", reason, 3, 4, 0))
@@ -105,9 +110,7 @@ def test_a_failure_past_a_matched_stop_counts_the_tokens_up_to_the_stop(engine_c
     (the metrics and the access line) got the engine's count, the tokens past the stop included, which
     no response shows or counts; one that died was settled to the processor's count already."""
     observed, outbox, stops = [], _Outbox(), []
-    bridge = ResponseBridge("r", _Stopped(), is_stream=False, permit=SimpleNamespace(release=lambda: None),
-                            cancel=lambda request_id: None, origin_ns=0, outbox=outbox,
-                            stop=lambda request_id, count: stops.append(count), observe=observed.append)
+    bridge = stopped_bridge(outbox, stops, observed)
     consume(bridge, TokenEvent("r", (7, 8), None))
     consume(bridge, TokenEvent("r", (9, 10), None))  # generated before the engine was told of the stop
     consume(bridge, FinishEvent("r", FinishReason.ERROR, 3, engine_count, 0, "boom"))

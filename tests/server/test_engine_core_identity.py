@@ -10,19 +10,17 @@ before the serving process opened the core) carries the digest the serving proce
 
 from __future__ import annotations
 
-import argparse
 import shutil
 
 import pytest
 
 from helios.cli import serve_run
-from helios.cli.main import build_parser
 from helios.core.reader import open_core
 from helios.runtime.service import RuntimeOptions
 from helios.server import engine_process
 from helios.server.engine_process import CoreReplacedError, CoreSource, start_engine_process
 from helios.server.engine_spawn import EngineSpawn
-from support.server_core import tiny_core
+from support.server_core import serve_args, tiny_core
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +28,10 @@ def core(tmp_path_factory):
     return tiny_core(tmp_path_factory.getbasetemp())
 
 
-def _serve_args(*argv: str) -> argparse.Namespace:
-    argv = ("serve", *argv)
-    return build_parser(list(argv)).parse_args(list(argv))
-
-
 def test_the_serving_process_sends_the_digest_of_the_core_it_verified(core, tmp_path):
     path = tmp_path / "model.core"
     shutil.copyfile(core.path, path)
-    args = _serve_args(str(path), "--accept", core.namespace, "--trust", str(core.public_key))
+    args = serve_args(str(path), "--accept", core.namespace, "--trust", str(core.public_key))
     opened, source = serve_run._open(args)
     assert source.body_sha256 == opened.body_sha256 and len(source.body_sha256) == 32
 

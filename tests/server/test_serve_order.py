@@ -15,21 +15,16 @@ import types
 import pytest
 
 from helios.cli import serve_cmd, serve_order, serve_run
-from helios.cli.main import build_parser, main
+from helios.cli.main import main
 from helios.errors import UsageError
 from helios.server.engine_spawn import ArgsOrder
 from helios.server.start_trace import ENV, mark
-from support.server_core import tiny_core
+from support.server_core import serve_args, tiny_core
 
 
 @pytest.fixture(scope="module")
 def core(tmp_path_factory):
     return tiny_core(tmp_path_factory.getbasetemp())
-
-
-def _serve_args(*argv: str) -> argparse.Namespace:
-    argv = ("serve", *argv)
-    return build_parser(list(argv)).parse_args(list(argv))
 
 
 class _Spawn:
@@ -61,7 +56,7 @@ def test_the_order_sent_ahead_carries_the_load_flags_and_no_api_key(core, monkey
 def test_no_core_file_is_no_order_ahead_and_both_processes_serve_the_embedded_model(core, monkeypatch, given):
     """`helios serve ""` ordered the engine process to load core file "" (refused) while the serving
     process took the empty name for the embedded model."""
-    args = _serve_args(*([given] if given is not None else []), "--port", "0")
+    args = serve_args(*([given] if given is not None else []), "--port", "0")
     assert not serve_order.serves_core_file(args)
     spawn = _Spawn()
     monkeypatch.setattr(serve_cmd, "spawn_engine_process", lambda **kwargs: spawn)
@@ -121,4 +116,4 @@ def test_trusted_keys_without_a_core_file_are_refused_before_the_embedded_model_
 
     monkeypatch.setattr("helios.embedded.prepared.embedded_core", no_open)
     with pytest.raises(UsageError, match="--trust names the keys a core file is verified with"):
-        serve_run._open(_serve_args("--trust", str(key), "--port", "0"))
+        serve_run._open(serve_args("--trust", str(key), "--port", "0"))

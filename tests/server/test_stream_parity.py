@@ -655,18 +655,13 @@ def _recipient_family(base: Path):
 
 
 def _harmony_family(base: Path):
-    from contract.cases_contract import HARMONY
     from frontend.parsers.conftest import HARMONY_CONTROLS, small_bpe
-    from frontend.served import RECIPIENT_FRAMES, served_contract
+    from frontend.served import RECIPIENT_FRAMES, harmony_frontend, served_contract
     from helios.frontend.session import FrontendModel
 
     tokenizer = small_bpe(["<|endoftext|>", *HARMONY_CONTROLS])
-    frontend = {"tool_parser": "TOOL_PARSER_HARMONY_CHANNELS", "reasoning_parser": "REASONING_PARSER_HARMONY_CHANNELS",
-                "channel_syntax": dict(HARMONY),
-                "assistant_boundary": {"message_start": "<|start|>", "message_end": "<|end|>",
-                                       "assistant_header": "assistant"}}
     eos = [tokenizer.token_to_id(text) for text in ("<|endoftext|>", "<|return|>", "<|call|>")]
-    model = FrontendModel.from_contract(served_contract(tokenizer.get_vocab_size(), frontend, eos), tokenizer,
+    model = FrontendModel.from_contract(served_contract(tokenizer.get_vocab_size(), harmony_frontend(), eos), tokenizer,
                                         RECIPIENT_FRAMES)
     frames = ("<|channel|>analysis<|message|>", "<|channel|>final<|message|>", "<|channel|>commentary<|message|>",
               "<|end|>", "<|start|>assistant")

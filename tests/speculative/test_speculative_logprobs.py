@@ -17,20 +17,13 @@ import pytest
 
 from helios.ignition.recipes import load_checkpoint
 from helios.runtime.engine import EngineRequest
-from helios.runtime.execution.executor import Executor
-from helios.runtime.execution.geometry import capacities_for
-from helios.runtime.execution.packer import Packer
-from helios.runtime.execution.program_variants import program_table
-from helios.runtime.engine import Engine
 from helios.runtime.records.events import TokenEvent
 from helios.runtime.records.request import RequestSpec
-from helios.runtime.records.stats import WorkerStats
 from helios.runtime.scheduling.policy import SchedulerPolicy
-from helios.runtime.scheduling.scheduler import Scheduler
 from ignition.hf_checkpoints import LLAMA3, random_model, write_checkpoint
 from runtime.stress import capacity_plan, stress_model
 
-from .support import Counting, truncated
+from .support import eager_runtime, truncated
 
 PROMPTS = [[5, 9, 17, 3, 44, 2, 8], [1, 2, 3]]
 MAX_TOKENS = 12
@@ -44,12 +37,7 @@ def recipe(tmp_path_factory):
 
 def run(recipe, speculative: bool, logit_bias=()):
     model = stress_model(recipe, truncated(recipe, 1), capacity_plan(4))
-    packer = Packer(model.prepared, model.buffers, 1)
-    executor = Executor(model, packer, program_table(model))
-    counting = Counting()
-    counting.wrap(executor)
-    engine = Engine(Scheduler.create(capacities_for(model, 256), SchedulerPolicy(speculative=speculative)),
-                    executor, WorkerStats())
+    engine, counting = eager_runtime(model, SchedulerPolicy(speculative=speculative))
     events: dict[str, list[TokenEvent]] = {}
     for index, prompt in enumerate(PROMPTS):
         request_id = f"r{index}"

@@ -27,21 +27,15 @@ import torch
 
 from helios.contract import StartupOptions
 from helios.ignition.recipes import load_checkpoint
-from helios.runtime.engine import Engine, EngineRequest
-from helios.runtime.execution.executor import Executor
-from helios.runtime.execution.geometry import capacities_for
-from helios.runtime.execution.packer import Packer
-from helios.runtime.execution.program_variants import program_table
+from helios.runtime.engine import EngineRequest
 from helios.runtime.records.events import FinishEvent, FinishReason, PromptScoresEvent, TokenEvent
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.records.sampling_params import SamplingParams
-from helios.runtime.records.stats import WorkerStats
 from helios.runtime.scheduling.policy import SchedulerPolicy
-from helios.runtime.scheduling.scheduler import Scheduler
 from ignition.hf_checkpoints import LLAMA2, random_model, write_checkpoint
 from runtime.stress import capacity_plan, stress_model
 
-from .support import Counting, truncated
+from .support import Counting, eager_runtime, truncated
 
 PROMPTS = [(5, 9, 17, 3, 44, 2, 8), (1, 2, 3)]
 PHRASE = (7, 21, 33, 4, 90, 12, 5, 61)
@@ -75,12 +69,7 @@ class Parity:
 def run(recipe, specs, speculative: bool, draft: str = "layer", startup=StartupOptions(), grammars=()):
     """(tokens, logprobs, prompt scores by request, Counting) of `specs` submitted at once."""
     model = stress_model(recipe, recipe if draft == "target" else truncated(recipe, 1), capacity_plan(4), startup)
-    packer = Packer(model.prepared, model.buffers, 1)
-    executor = Executor(model, packer, program_table(model))
-    counting = Counting()
-    counting.wrap(executor)
-    engine = Engine(Scheduler.create(capacities_for(model, 256), SchedulerPolicy(speculative=speculative)),
-                    executor, WorkerStats())
+    engine, counting = eager_runtime(model, SchedulerPolicy(speculative=speculative))
     events = {spec.request_id: [] for spec in specs}
     for spec in specs:
         grammar = Parity() if spec.request_id in grammars else None

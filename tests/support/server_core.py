@@ -16,6 +16,7 @@ stops it with SIGTERM.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import signal
 import subprocess
@@ -52,6 +53,14 @@ def served_tiny_core(base: Path, queue_capacity: int = 4, runtime_options=None, 
         yield served
     finally:
         served.shutdown()
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    """The parsed arguments of `helios serve *argv` (as `helios.cli.main` parses them)."""
+    from helios.cli.main import build_parser
+
+    argv = ("serve", *argv)
+    return build_parser(list(argv)).parse_args(list(argv))
 
 
 def chat_body(**fields) -> dict:
