@@ -143,4 +143,5 @@ def test_a_server_whose_stdout_reader_went_away_keeps_serving(tmp_path_factory, 
             process.wait()
     text = log.read_text()
     assert "Traceback" not in text and "BrokenPipe" not in text and "Exception ignored" not in text, text[-2000:]
+    assert "standard output cannot be written" in text  # said once, not hidden
     assert "Application shutdown complete" in text

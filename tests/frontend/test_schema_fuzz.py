@@ -281,6 +281,9 @@ def call_arguments(served, prepared, text: str) -> dict | None:
 @pytest.mark.parametrize("parameters, param", [
     ({"type": "object", "properties": {"a<b": {"type": "string"}}, "required": ["a<b"]},
      "tools[0].function.parameters.properties.a<b"),
+    # the name is read up to the tag's ">": 'a>b' was written and read back as 'a' with 'b>...' in its value
+    ({"type": "object", "properties": {"a>b": {"type": "string"}}, "required": ["a>b"]},
+     "tools[0].function.parameters.properties.a>b"),
     ({"type": "object", "properties": {"a b ": {"type": "integer"}}, "required": ["a b "]},
      "tools[0].function.parameters.properties.a b "),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]},

@@ -247,10 +247,14 @@ def _announce(line: str) -> None:
     """The listening line on standard output; best effort, as the start's progress lines are: a
     reader that went away (`helios serve | true`, a closed terminal) never stops a loaded server
     (a broken pipe ended it with status 141). Standard output then points at /dev/null, so the line
-    left in its buffer cannot fail a later flush (the one at exit)."""
+    left in its buffer cannot fail a later flush (the one at exit), and standard error says why (a
+    full disk under a redirected file is not hidden)."""
     try:
         print(line, file=sys.stdout, flush=True)
-    except (OSError, ValueError):  # a closed pipe or file
+    except (OSError, ValueError) as error:  # a closed pipe or file
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            print(f"helios serve: standard output cannot be written ({error}); serving on: {line}", file=sys.stderr,
+                  flush=True)
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             try:

@@ -16,12 +16,13 @@ parsers read it (``unclosed_value_ends``). A function written without the block 
 (``<function=NAME>...</function>`` in answer text) is a call of a registered tool, as vLLM's
 parser reads it (``bare_invocations``). A parameter name is the text up to the tag's ``>``, quotes
 and line breaks included, as vLLM's qwen3_coder parser reads it (the template writes the name
-verbatim); only ``<`` ends it short. Recovery rules: `tag_tools`.
+verbatim); a name holding ``<`` or ``>`` cannot be read back (the ``>`` would end it short).
+Recovery rules: `tag_tools`.
 """
 
 from __future__ import annotations
 
-from helios.frontend.parsers.scan import FORBIDDEN_IN_TEXT, TagForm
+from helios.frontend.parsers.scan import FORBIDDEN_IN_TAG_TEXT, TagForm
 from helios.frontend.parsers.tool_grammar import ToolGrammar
 from helios.frontend.decoding.syntax import QwenCoderSyntax
 
@@ -33,7 +34,7 @@ def qwen_coder_grammar(syntax: QwenCoderSyntax) -> ToolGrammar:
         invoke_open=TagForm(syntax.function_open, (syntax.tag_end,)),
         invoke_close=syntax.function_close,
         # the name is any text up to ">" (a quote or a line break in it made the parameter unwritable, a 400)
-        key_open=TagForm(syntax.parameter_open, (syntax.tag_end,), FORBIDDEN_IN_TEXT),
+        key_open=TagForm(syntax.parameter_open, (syntax.tag_end,), FORBIDDEN_IN_TAG_TEXT),
         value_close=syntax.parameter_close,
         value_wrap=syntax.value_wrap,
         block_lead=syntax.block_lead,

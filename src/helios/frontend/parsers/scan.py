@@ -20,6 +20,9 @@ FORBIDDEN_IN_CAPTURE = frozenset('<>"\n')
 # A captured text between an open and a close tag (GLM's ``<arg_key>K</arg_key>``) is text, which the
 # template writes verbatim: only the start of another tag ends it short.
 FORBIDDEN_IN_TEXT = frozenset("<")
+# A name captured up to a tag's ">" that the template writes verbatim (Qwen3-Coder's parameter names):
+# quotes and line breaks are its text, but a ">" in it would end the name short.
+FORBIDDEN_IN_TAG_TEXT = frozenset("<>")
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,8 @@ class AnswerKind(enum.Enum):
 def is_markup_name(name: str, forbidden: frozenset[str] = FORBIDDEN_IN_CAPTURE) -> bool:
     """Whether the tag parsers can read ``name`` as an invocation or parameter name: it holds none of
     its syntax's ``forbidden`` characters (a name captured inside a tag, by default: none of ``<>"``
-    nor a newline; GLM's keys written as text between tags and Qwen3-Coder's parameter names, their
-    `TagForm`'s ``forbidden``: ``<`` only)."""
+    nor a newline; GLM's keys written as text between tags: ``<`` only; Qwen3-Coder's parameter
+    names, written up to the tag's ``>``: ``<`` and ``>``)."""
     return bool(name) and name == name.strip() and len(name) <= MAX_CAPTURE_LEN and not (set(name) & forbidden)
 
 
