@@ -150,3 +150,13 @@ def test_a_required_value_holding_the_block_closer_is_a_400_naming_the_parameter
     loose = {**parameters, "required": []}
     assert takes(model, json_calls_lark(example_hermes(), model[3], [ToolSchema("f", loose, 0)], True, {}),
                  '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
+
+
+def test_a_clients_own_empty_enum_is_not_blamed_on_the_block_closer(model):
+    """A required ``enum: []`` the client wrote is unsatisfiable of itself: the 400 must not say its
+    values hold the closer (the closer check once named it so)."""
+    parameters = {"type": "object", "properties": {"a": {"enum": []}}, "required": ["a"]}
+    with pytest.raises(GrammarError) as caught:
+        model[2].compile_lark(json_calls_lark(example_hermes(), model[3], [ToolSchema("f", parameters, 0)], True, {}),
+                              None)
+    assert caught.value.http_status == 400 and "</tool_call>" not in str(caught.value)

@@ -42,8 +42,9 @@ def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") 
     if "properties" in schema:
         schema.setdefault("additionalProperties", False)
     if closer:
+        original = schema
         schema = safe_bundle(schema, tool.document, string_pattern(ValueStyle(), closer))
-        _check_closer_free(tool, schema, closer)
+        _check_closer_free(tool, schema, original, closer)
     else:  # the target's refs, standalone (the top level it came from holds their definitions)
         schema = tool.document.bundled(schema)
     # A call's arguments are a JSON object, whatever else the top level allows (`object_parameters`);
@@ -55,25 +56,30 @@ def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") 
     return json.dumps(schema, ensure_ascii=False)
 
 
-def _check_closer_free(tool: ToolSchema, schema: Mapping, closer: str, path: tuple[str, ...] = ()) -> None:
+def _check_closer_free(tool: ToolSchema, schema: Mapping, original: Mapping, closer: str,
+                       path: tuple[str, ...] = ()) -> None:
     """GrammarError naming the first required parameter (a nested object's required key included)
     whose every enum/const value holds the block `closer`: the safe schema leaves it no value
-    (``enum: []``), and the call could not be written (llguidance's bare "Unsatisfiable schema" was
-    the 400, naming neither the tool nor the parameter)."""
-    properties = schema.get("properties")
+    (``enum: []``) where the tool's `original` schema had some, and the call could not be written
+    (llguidance's bare "Unsatisfiable schema" was the 400, naming neither the tool nor the
+    parameter). A client's own empty enum is left to that 400."""
+    properties, originals = schema.get("properties"), original.get("properties")
     required = schema.get("required")
     if not isinstance(properties, Mapping) or not isinstance(required, list):
         return
+    originals = originals if isinstance(originals, Mapping) else {}
     for key in required:
         value = properties.get(key) if isinstance(key, str) else None
         if not isinstance(value, Mapping):
             continue
-        if value.get("enum") == []:
+        before = originals.get(key)
+        before = before if isinstance(before, Mapping) else {}
+        if value.get("enum") == [] and (before.get("enum") or "const" in before):
             where = "tools" if tool.index is None else f"{tool.param}.properties.{path[0] if path else key}"
             raise GrammarError(f"tool {tool.name!r} parameter {'.'.join((*path, key))!r}: each of its enum/const "
                                f"values holds {closer!r}, which ends this model's tool-call block, so none can be "
                                "written", where)
-        _check_closer_free(tool, value, closer, (*path, key))
+        _check_closer_free(tool, value, before, closer, (*path, key))
 
 
 def _call_rules(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[ToolSchema], json_options: Mapping) -> list[str]:
