@@ -373,6 +373,10 @@ class CacheManager:
         if endpoint == 0 or req.num_released_pages or self.window is not None or (
                 residence == Residence.DEVICE and not self.snapshots.needs_tail(endpoint)):
             return None
+        if req.num_computed_tokens > len(req.token_ids) and not self.layout.pages_capture_state:
+            # Its state consumed tokens past its history (a speculative lane went on past an EOS it
+            # emitted): no endpoint of the history holds that state. (Pages below it are intact.)
+            return None
         page_tokens = self.layout.page_tokens
         num_complete = endpoint // page_tokens
         self.extend_chain(req, num_complete)

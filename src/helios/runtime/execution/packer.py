@@ -17,8 +17,8 @@ packer keeps each request's history - its prompt plus every emission the executo
 history ends exactly at their pending token; otherwise every lane gets zero candidates.
 PHYSICAL_REQUEST_ROW bindings are written when a row `admits` a new slot generation (which
 invalidates everything remembered for the slot), whichever graph's step admits it, and page tables receive only the entries new
-since the last upload. The state views a program writes are zeroed in an admitted slot's rows
-(`reset_admitted`, which the executor calls before the plan's restores), unless the core has an
+since the last upload. The per-slot state views any program holding request lanes writes are zeroed in an admitted
+slot's rows (`reset_admitted`, which the executor calls before the plan's restores), unless the core has an
 INITIALIZATION graph: the executor then runs it over the admitted rows instead. A
 request with a penalty that is admitted again with outputs (readmitted after preemption) gets its
 slot's output counts (the ``output_counts`` state view) rebuilt from the emissions the packer
@@ -84,6 +84,10 @@ _ADMISSION_SOURCES = {S.VALUE_SOURCE_PAGE_TABLE, S.VALUE_SOURCE_PROMPT_HISTOGRAM
     S.VALUE_SOURCE_SEED_BITS, S.VALUE_SOURCE_SAMPLING_PARAMETERS, S.VALUE_SOURCE_OUTPUT_LIMIT
 }
 _ROW_INDEXING = {S.INDEXING_SUBMISSION_ROW, S.INDEXING_ACTIVE_ROW}
+# The operations whose graphs hold request lanes (SNAPSHOT and RESTORATION copy rows, INITIALIZATION
+# stands in for the reset, VISION and TUNING hold no request rows).
+_LANE_OPERATIONS = (S.GRAPH_OPERATION_PREFILL, S.GRAPH_OPERATION_MIXED, S.GRAPH_OPERATION_DECODE,
+                    S.GRAPH_OPERATION_SPECULATIVE, S.GRAPH_OPERATION_SCORED_PREFILL, S.GRAPH_OPERATION_RESUME)
 _COPIED_SOURCES = {
     S.VALUE_SOURCE_COPIED_CANDIDATE_IDS, S.VALUE_SOURCE_COPIED_CANDIDATE_COUNT, S.VALUE_SOURCE_COPIED_CONSUMED_ENDPOINT,
     S.VALUE_SOURCE_COPIED_GENERATION, S.VALUE_SOURCE_COPIED_GRAMMAR_MASKS,
@@ -116,6 +120,11 @@ class Packer:
         writes = {S.ACCESS_MODE_WRITE, S.ACCESS_MODE_READ_WRITE}
         self._written_views = {name: tuple(a for a in graph.accesses if a.mode in writes)
                                for name, graph in prepared.graphs.items()}
+        # Every per-slot view a graph holding request lanes writes: an admitted slot starts from zeros
+        # in all of them, not only in those its admitting graph writes (`reset_admitted`).
+        lanes = {graph.name for operation in _LANE_OPERATIONS for graph in prepared.graphs_for(operation)}
+        self._slot_views = tuple({access.view: access for name in sorted(lanes)
+                                  for access in self._written_views[name] if access.row_stride}.values())
         # A core with an INITIALIZATION graph initializes admitted slots itself (the executor runs it).
         self._initializes = bool(prepared.graphs_for(S.GRAPH_OPERATION_INITIALIZATION))
         self._histories: dict[str, HistoryIndex] | None = {} if history_drafting else None
@@ -362,24 +371,29 @@ class Packer:
         return view.buffer
 
     def reset_admitted(self, graph: str, plan: StepPlan) -> None:
-        """Zeroes the state views `graph` writes in every slot `plan` admits (`_reset_state`), unless the
-        core has an INITIALIZATION graph (the executor runs it instead). Not part of `pack`: the
+        """Zeroes, in every slot `plan` admits, the state views `graph` (the admitting graph) writes
+        and those any other graph holding request lanes writes (`_reset_state`), unless the core has
+        an INITIALIZATION graph (the executor runs it instead). The reset stands in for that
+        initialization: a view the admitting graph leaves alone is still the new request's, and the
+        first graph to read it (a DECODE that counts into a view PREFILL does not touch) must not
+        find the previous owner's bytes. Not part of `pack`: the
         executor calls it where it would initialize the rows, before the plan's copies into slot
         state rows (a restore, which a reset after it would clear) and after those before them (a
         final snapshot of the slot's previous owner)."""
         if self._initializes:
             return
+        views = self._slot_views + tuple(v for v in self._written_views[graph] if v not in self._slot_views)
         for row in plan.rows:
             if row.admits:
-                self._reset_state(graph, row.slot)
+                self._reset_state(views, row.slot)
 
-    def _reset_state(self, graph: str, slot: int) -> None:
-        """Zeroes the bytes of every state view `graph` writes in the slot's state rows: a view is
+    def _reset_state(self, views, slot: int) -> None:
+        """Zeroes the bytes of each of the state `views` (`AccessView`s) in the slot's state rows: a view is
         bytes [byte_offset, byte_offset + byte_extent) of each row (a buffer's rows are its first
         dimension, `row_stride` bytes apart), so views sharing a buffer keep each other's bytes. A
         whole-buffer view (no row stride: a global counter, say) belongs to no slot and is kept."""
         first = slot * self._state_rows
-        for view in self._written_views[graph]:
+        for view in views:
             self._kept.forget(view.buffer)
             if not view.row_stride:
                 continue

@@ -14,7 +14,8 @@ The snapshot rows are the core's: its state planes hold the slots' rows, then th
 SLOT and GENERATION of the slot whose rows are copied (the generation of the request whose state
 they are: a snapshot's, the slot's owner when earlier plans computed that state, which may have
 been released since - its final snapshot runs in the plan that hands the slot on; a restore's, the
-slot's new owner, whose admitting row is in the same plan), LIVE_STATE_ROWS its first state row,
+slot's new owner, whose admitting row is in the same plan, as is a snapshot's that follows a restore
+into the slot in that plan), LIVE_STATE_ROWS its first state row,
 SNAPSHOT_DESTINATION / RESTORE_SOURCE the snapshot row's first state row, LIVE_ROW_COUNT the copies
 in the submission, CONSTANT and INACTIVE_PADDING (what `helios.contract.servable` serves to them).
 
@@ -81,6 +82,9 @@ class StatePrograms:
         }
         # slot -> the generation of its latest admitting row in the plans launched so far (`observe`)
         self._generations: dict[int, int] = {}
+        # (plan sequence, the slots its copies restored so far): a snapshot after such a restore copies
+        # the state of the request the plan admits (`_row`)
+        self._restored: tuple[int, set[int]] = (-1, set())
 
     @classmethod
     def of(cls, model: LoadedModel, packer, call) -> StatePrograms | None:
@@ -105,9 +109,14 @@ class StatePrograms:
 
     def run(self, plan: StepPlan, operation: int, copies: Sequence[CopyOp]) -> int:
         """Runs `copies` (all of `operation`) through its programs, in chunks of the largest variant;
-        returns the launches. On CUDA the host then waits: these packs and the plan's own write the
-        same staging mirrors."""
+        returns the launches. On CUDA the host waits after each launch: every chunk's pack, and then
+        the plan's own, writes the same staging mirrors, whose asynchronous upload must have read
+        them first (a chunk packed while the one before was still queued gave both its rows)."""
         rows = [self._row(plan, copy, operation) for copy in copies]
+        if operation == RESTORATION:
+            if self._restored[0] != plan.sequence:
+                self._restored = (plan.sequence, set())
+            self._restored[1].update(row.slot for row in rows)
         programs = self._programs[operation]
         largest = programs[-1][0].batch_capacity
         launches = 0
@@ -118,8 +127,8 @@ class StatePrograms:
             with torch.inference_mode():
                 self._call(program, arguments)
             launches += 1
-        if self._device.type == "cuda":
-            torch.cuda.current_stream(self._device).synchronize()
+            if self._device.type == "cuda":
+                torch.cuda.current_stream(self._device).synchronize()
         return launches
 
     def _row(self, plan: StepPlan, copy: CopyOp, operation: int) -> StateCopyRow:
@@ -127,9 +136,12 @@ class StatePrograms:
         r = self._rows_per_request
         # A snapshot copies state that earlier plans computed: the generation they ran the slot
         # under, not that of a request this plan admits into the slot (the snapshot's request may
-        # have ended). A restore writes the state of the request this plan admits into the slot.
+        # have ended). A restore writes the state of the request this plan admits into the slot; a
+        # snapshot after it in the same plan (that request's prompt-boundary or stable-prefix
+        # checkpoint, taken right at the restored endpoint) copies that request's state.
         generation = self._generations.get(slot_end.index, 0)
-        if operation == RESTORATION:
+        restored = self._restored[0] == plan.sequence and slot_end.index in self._restored[1]
+        if operation == RESTORATION or restored:
             generation = next((row.generation for row in plan.rows if row.slot == slot_end.index), generation)
         return StateCopyRow(slot_end.index, generation, slot_end.index * r,
                             self._first_snapshot_row + snapshot_end.index * r)

@@ -20,6 +20,7 @@ and failures never publish a checkpoint of it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from operator import attrgetter
@@ -36,7 +37,7 @@ from helios.runtime.scheduling.invariants import check_state
 from helios.runtime.cache.page_pool import PagePool
 from helios.runtime.cache.pages import PageAllocator
 from helios.runtime.records.plan import PlanRow, RowResult, StepPlan
-from helios.runtime.scheduling.policy import SchedulerPolicy
+from helios.runtime.scheduling.policy import PreemptionMode, SchedulerPolicy
 from helios.runtime.cache.prefix_cache import PrefixCache, root_digest
 from helios.runtime.scheduling.queues import RequestQueues
 from helios.runtime.records.request import RequestSpec, RequestState, RequestStatus, RequestView
@@ -45,6 +46,7 @@ from helios.runtime.cache.snapshots import Residence, SnapshotStore
 from helios.runtime.scheduling.steps import Draft, StepBuilder
 
 _CONSTRAINED = attrgetter("constrained")
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,6 +81,26 @@ class SchedulerCounters(NamedTuple):
     window_pages_total: int = 0
     window_pages_free: int = 0
     window_pages_cached: int = 0
+
+
+def _warn_offload_without_room(caps: Capacities, policy: SchedulerPolicy) -> None:
+    """OFFLOAD preemption that can never checkpoint a victim recomputes every one, as RECOMPUTE would:
+    said once at startup (it still serves), with the setting that lacks room. A victim's state needs
+    host slots, and on a core whose state only its SNAPSHOT program writes (state outside the pages)
+    a continuation row to stage it through (`helios.runtime.cache.snapshots`)."""
+    if policy.preemption != PreemptionMode.OFFLOAD:
+        return
+    geometry, layout = caps.cache, caps.cache.layout
+    if not geometry.num_host_slots:
+        _LOG.warning("preemption offload with no host pages: every preempted request is recomputed "
+                     "(give --host-pages N)")
+    elif layout.window_region:  # (`CacheManager.checkpoint`: a snapshot would lack the window's own pages)
+        _LOG.warning("preemption offload on a core with a window region of its own page ids, which takes no "
+                     "checkpoints: every preempted request is recomputed")
+    elif layout.restores_through_programs and not layout.pages_capture_state and not geometry.num_continuation_rows:
+        _LOG.warning("preemption offload on a core whose state goes to the host through its SNAPSHOT program and "
+                     "a continuation row, with a snapshot capacity of 0: every preempted request is recomputed "
+                     "(serve with --snapshot-capacity N, or prepare the core with a snapshot capacity)")
 
 
 def _settle_finished(req: RequestState, result: RowResult) -> None:
@@ -122,6 +144,7 @@ class Scheduler:
                                   geometry.num_host_slots)
         window = PagePool(PageAllocator(geometry.num_window_pages), PrefixCache()) if geometry.num_window_pages else None
         cache = CacheManager(pool, snapshots, geometry.layout, policy.prefix_caching, window)
+        _warn_offload_without_room(caps, policy)
         return cls(caps, policy, cache, SlotTable(caps.max_active), clock)
 
     # -- requests ------------------------------------------------------------------------------
