@@ -129,7 +129,8 @@ def test_a_bomb_is_refused_from_its_header(monkeypatch, width, height):
     with pytest.raises(ImageRejected, match=f"image has {width * height} pixels|{width}x{height} pixels"):
         decode_image_urls([data_url(png_declaring(width, height))], LIMITS)
     assert loads == []
-    assert decode_image_urls([GOOD], LIMITS)[0].image.size == (40, 30) and loads == [(40, 30)]
+    # a good image loads (reading its EXIF orientation calls `load` again, which decodes nothing more)
+    assert decode_image_urls([GOOD], LIMITS)[0].image.size == (40, 30) and set(loads) == {(40, 30)}
 
 
 BAD = [

@@ -361,8 +361,8 @@ def _base64_problem(payload: str) -> str:
 
 
 def decode_image(data: bytes, limits: ImageLimits) -> DecodedImage:
-    """A PNG, JPEG, WebP or GIF image (an animated one: its first frame), fully loaded; its pixel
-    count bounded before decoding."""
+    """A PNG, JPEG, WebP or GIF image (an animated one: its first frame), fully loaded and turned
+    upright by its EXIF orientation (`_upright`); its pixel count bounded before decoding."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -386,7 +386,23 @@ def decode_image(data: bytes, limits: ImageLimits) -> DecodedImage:
         image.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise ImageRejected(f"image data is truncated or corrupt: {_clipped(str(error))}") from None
-    return DecodedImage(image, hashlib.sha256(data).hexdigest())
+    return DecodedImage(_upright(image), hashlib.sha256(data).hexdigest())
+
+
+def _upright(image):
+    """`image` as a viewer shows it: turned by its EXIF Orientation tag (a phone's portrait photo is
+    stored sideways with tag 6), as transformers' `load_image` and vLLM turn it before their image
+    processor; the model saw the stored pixels, sideways, on a patch grid of the other shape. An image
+    without the tag (or with tag 1) is returned as it is, not copied; EXIF that cannot be read leaves
+    the stored pixels, as a viewer shows them."""
+    from PIL import ExifTags, ImageOps
+
+    try:
+        if image.getexif().get(ExifTags.Base.Orientation, 1) == 1:
+            return image
+        return ImageOps.exif_transpose(image)
+    except Exception:  # noqa: BLE001 - unreadable metadata: the pixels as stored
+        return image
 
 
 def _jpeg_scan_count(data: bytes) -> int:

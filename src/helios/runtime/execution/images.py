@@ -40,6 +40,15 @@ class RequestImages:
     feature_tokens: tuple[np.ndarray, ...]  # per image: prompt index of each feature, feature order
     token_outputs: Mapping[str, np.ndarray] = field(default_factory=dict)  # per prompt token [T, ...]
 
+    def __reduce__(self):
+        """Pickled (to the engine process, `helios.runtime.engine_link`) without the trailing all-zero
+        rows of each vision tensor, restored as zeros on load (`_padded`): the arrays load equal. A
+        vision tensor is padded to its patch capacity, the largest image's at a real checkpoint's default
+        (65,536 patches of 1,176 floats for Qwen2.5-VL), so each image of any size, 8x8 pixels too,
+        pickled 308 MB through the pipe, on the thread that submitted it, and held as much in the engine."""
+        inputs = tuple({name: _trimmed(array) for name, array in tensors.items()} for tensors in self.vision_inputs)
+        return _restored, (self.digests, self.patch_capacities, inputs, self.feature_tokens, dict(self.token_outputs))
+
     @cached_property
     def features_at(self) -> dict[int, tuple[int, int]]:
         """Prompt index -> (image number, feature row of that image)."""
@@ -60,6 +69,38 @@ class RequestImages:
         table = self.token_outputs[name]
         index = np.minimum(np.arange(start, start + count), len(table) - 1)
         return table[index]
+
+
+def _trimmed(array: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
+    """`array` without its trailing all-zero rows (found from the end, in doubling blocks, so the data
+    rows are not scanned), and its shape."""
+    if not array.ndim or not array.size:
+        return array, array.shape
+    rows = array.reshape(len(array), -1)
+    end, block = len(rows), 64
+    while end:
+        start = max(0, end - block)
+        nonzero = np.flatnonzero(rows[start:end].any(axis=1))
+        if nonzero.size:
+            end = start + int(nonzero[-1]) + 1
+            break
+        end, block = start, block * 2
+    return (array if end == len(rows) else array[:end]), array.shape
+
+
+def _padded(kept: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A trimmed array (`_trimmed`) at its shape again, zeros after its kept rows."""
+    if kept.shape == tuple(shape):
+        return kept
+    array = np.zeros(shape, dtype=kept.dtype)
+    array[:len(kept)] = kept
+    return array
+
+
+def _restored(digests, patch_capacities, inputs, feature_tokens, token_outputs) -> RequestImages:
+    """A `RequestImages` pickled by its `__reduce__`."""
+    vision_inputs = tuple({name: _padded(*trimmed) for name, trimmed in tensors.items()} for tensors in inputs)
+    return RequestImages(digests, patch_capacities, vision_inputs, feature_tokens, token_outputs)
 
 
 def step_features(rows: Sequence[PlanRow], images: Sequence[RequestImages | None]) -> list[tuple[int, int, int]]:
