@@ -873,15 +873,22 @@ def is_tree(value, root: bool = True) -> bool:
 
 def test_qwen_free_text_beside_grammar_calls_never_spells_a_bare_function(served):
     """The Qwen Coder parser reads ``<function=NAME>...</function>`` written without ``<tool_call>``
-    as a call (as vLLM's does): free answer text under ``parallel_tool_calls: false`` could write one
-    before the one call the grammar allows, a second call no schema or count checked."""
+    at the start of a line as a call (as vLLM's does): free answer text under ``parallel_tool_calls:
+    false`` could write one before the one call the grammar allows, a second call no schema or count
+    checked. Mid-line the parser reads it as answer text, and so the grammar lets prose name it there
+    (it refused ``<function=`` anywhere, though a model explaining the syntax writes it mid-line)."""
     case = served["qwen"]
     tokenizer = case.tokenizer
     single = case.model.prepare_chat(chat(case, tools=TOOLS, parallel_tool_calls=False))
     head = ids_of(tokenizer, "</think>")
     assert accepts(single.grammar, head + plain_ids(tokenizer, "Use function=get_time <b>."))
-    assert not accepts(single.grammar, head + plain_ids(tokenizer, "Sure <function=get_time>\n</function>"))
-    assert not accepts(single.grammar, head + plain_ids(tokenizer, "Sure\n<function=get_time>\n</function>"))
+    for line_start in ("Sure\n<function=get_time>", "<function=get_time>", "\n\n<function=x", "a\r\n<function="):
+        assert not accepts(single.grammar, head + plain_ids(tokenizer, line_start)), line_start
     bare = plain_ids(tokenizer, "<function=get_time>\n</function>")
     result = run_output(single, head + plain_ids(tokenizer, "Sure\n") + bare + [case.eos])[1].result
     assert [call.name for call in result.tool_calls] == ["get_time"]  # what such text would have been
+    prose = "Sure, I write <function=get_time>\n</function> to call it;\nor say <function=x> mid-line."
+    call = ids_of(tokenizer, "\n\n", "<tool_call>", "\n<function=get_time>\n</function>\n", "</tool_call>")
+    for then, names in (([], []), (call, ["get_time"])):
+        result = drive(single, head + plain_ids(tokenizer, prose) + then + [case.eos])
+        assert (result.content, [c.name for c in result.tool_calls], result.errors) == (prose, names, ()), result

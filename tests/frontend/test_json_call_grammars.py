@@ -136,6 +136,13 @@ def test_a_forced_json_call_writes_declared_properties_only_behind_a_top_level_r
     ({"type": "object", "properties": {"a": {"enum": ["x</tool_call>", "</tool_call>y"]}}, "required": ["a"]}, "a"),
     ({"type": "object", "properties": {"o": {"type": "object", "properties": {"b": {"const": "</tool_call>"}},
                                              "required": ["b"]}}, "required": ["o"]}, "o.b"),
+    # behind a $ref (pydantic's enums), or a described one's allOf (pydantic v1): the 400 was llguidance's
+    # own "Unsatisfiable schema: anyOf is empty", naming no tool or parameter; optional, the call could
+    # not be written either (llguidance compiles a referenced definition on its own)
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/M"}}, "required": ["a"],
+      "$defs": {"M": {"enum": ["</tool_call>"]}}}, "a"),
+    ({"type": "object", "properties": {"a": {"allOf": [{"$ref": "#/definitions/M"}], "description": "mode"}},
+      "required": ["a"], "definitions": {"M": {"const": "x</tool_call>"}}}, "a"),
 ])
 def test_a_required_value_holding_the_block_closer_is_a_400_naming_the_parameter(model, parameters, name):
     """No such value can be written inside the block (the parser would end it there), so the call can
@@ -150,6 +157,31 @@ def test_a_required_value_holding_the_block_closer_is_a_400_naming_the_parameter
     loose = {**parameters, "required": []}
     assert takes(model, json_calls_lark(example_hermes(), model[3], [ToolSchema("f", loose, 0)], True, {}),
                  '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
+
+
+def test_a_required_value_behind_nested_refs_holding_the_block_closer_is_a_400_naming_it(model):
+    """A required key of a nested model (itself behind a ``$ref``, recursive as pydantic writes a
+    linked list) whose const, behind another ``$ref``, holds the closer: named, not llguidance's 400."""
+    parameters = {"type": "object", "properties": {"o": {"$ref": "#/$defs/O"}}, "required": ["o"], "$defs": {
+        "O": {"type": "object", "properties": {"b": {"$ref": "#/$defs/M"}, "next": {"$ref": "#/$defs/O"}},
+              "required": ["b"]}, "M": {"const": "</tool_call>"}}}
+    with pytest.raises(GrammarError) as caught:
+        model[2].compile_lark(json_calls_lark(example_hermes(), model[3], [ToolSchema("f", parameters, 0)], True, {}),
+                              None)
+    assert caught.value.param == "tools[0].function.parameters.properties.o"
+    assert "tool 'f' parameter 'o.b'" in str(caught.value) and "</tool_call>" in str(caught.value)
+
+
+def test_an_optional_value_behind_a_ref_holding_the_block_closer_leaves_the_call_writable(model):
+    """Each value of the referenced enum holds the closer, so no string can be written there; the
+    property is optional (or an array's items, which may stay empty), and the call can be written
+    without it: the grammar did not compile at all (a 400 for a valid request)."""
+    parameters = {"type": "object", "properties": {
+        "m": {"$ref": "#/$defs/M"}, "l": {"type": "array", "items": {"$ref": "#/$defs/M"}}, "n": {"type": "integer"}},
+        "$defs": {"M": {"enum": ["</tool_call>", "x</tool_call>"]}}}
+    lark = json_calls_lark(example_hermes(), model[3], [ToolSchema("f", parameters, 0)], True, {})
+    assert takes(model, lark, '<tool_call>\n{"name": "f", "arguments": {"l":[],"n":1}}\n</tool_call>')
+    assert not takes(model, lark, '<tool_call>\n{"name": "f", "arguments": {"m":"x"}}\n</tool_call>')
 
 
 def test_a_clients_own_empty_enum_is_not_blamed_on_the_block_closer(model):

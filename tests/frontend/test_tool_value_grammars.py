@@ -347,6 +347,21 @@ def test_a_json_value_holds_the_closer_only_inside_strings_which_the_parser_read
     assert call_arguments(served, prepared, text) == {"o": {key: 1}}
 
 
+def test_a_json_value_whose_referenced_enum_all_holds_the_closer_leaves_that_key_out(models):
+    """Each value of the enum behind the ``$ref`` holds ``</parameter>``, so a JSON value cannot write
+    one; the key is optional (and an array's items may stay empty), so the value can be written
+    without it: llguidance compiled the emptied definition on its own and the forced call grammar
+    did not compile at all (a 400 for a valid request)."""
+    served = models["qwen"]
+    value = {"type": "object", "properties": {"m": {"$ref": "#/$defs/M"}, "l": {"type": "array", "items": {
+        "$ref": "#/$defs/M"}}, "n": {"type": "integer"}}, "additionalProperties": False}
+    parameters = {"type": "object", "properties": {"o": value}, "required": ["o"],
+                  "$defs": {"M": {"enum": ["a</parameter>", "</parameter>"]}}}
+    prepared = forced(served, parameters)
+    assert call_arguments(served, prepared, qwen_call({"o": '{"l": [], "n": 1}'})) == {"o": {"l": [], "n": 1}}
+    assert call_arguments(served, prepared, qwen_call({"o": '{"m": "a</parameter>"}'})) is None
+
+
 @pytest.mark.parametrize("syntax", ["qwen", "xtml"])
 def test_a_value_set_a_bounded_alternative_admits_adds_nothing(models, syntax):
     """anyOf [{maxLength: 4}, {const: "&lt;"}] was a 400 ("bound the text differently") though the

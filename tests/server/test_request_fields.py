@@ -230,17 +230,20 @@ def test_a_tool_choice_that_cannot_hold_is_a_400_naming_it(runner, client, field
     assert refused(runner, lambda **f: chat(runner, client, **f), **fields)["param"] == param
 
 
-def test_tool_choice_auto_without_tools_is_a_400_as_openai_answers(runner, client):
+@pytest.mark.parametrize("tools", [None, []], ids=["no tools", "an empty list"])
+def test_tool_choice_auto_without_tools_is_a_400_as_openai_answers(runner, client, tools):
     """``tool_choice: "auto"`` without ``tools`` was served as plain chat; OpenAI ("tool_choice is only
-    allowed when tools are specified") and vLLM answer 400. ``required`` and a named function without
-    tools are 400s above; ``none`` without tools, and ``auto`` with an empty list, are served (below)."""
-    error = refused(runner, lambda **f: chat(runner, client, **f), tool_choice="auto")
+    allowed when tools are specified") and vLLM answer 400, and both refuse an empty list as well (it
+    was served as no tools). ``required`` and a named function without tools are 400s above; ``none``
+    without tools, and an empty list without a tool choice or with ``none``, are served (below)."""
+    fields = {"tool_choice": "auto"} if tools is None else {"tool_choice": "auto", "tools": tools}
+    error = refused(runner, lambda **f: chat(runner, client, **f), **fields)
     assert error["param"] == "tool_choice" and "only allowed when tools are specified" in error["message"], error
 
 
 def test_tool_choices_that_hold_are_served(runner, client):
     greedy = contents(chat(runner, client))
-    for fields in ({"tools": [], "tool_choice": "none"}, {"tools": [], "tool_choice": "auto"}, {"tool_choice": "none"},
+    for fields in ({"tools": [], "tool_choice": "none"}, {"tools": []}, {"tool_choice": "none"},
                    {"tools": [WEATHER_TOOL], "tool_choice": "none"}, {"parallel_tool_calls": False}):
         assert contents(chat(runner, client, **fields)) == greedy, fields
     short_city = {"type": "function", "function": {"name": "get_weather", "parameters": {

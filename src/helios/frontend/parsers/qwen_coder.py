@@ -13,8 +13,8 @@ one block are accepted too). ``value_wrap`` (a newline) is removed from both end
 values are typed by the request's JSON schema for the parameter. A value whose ``</parameter>`` was
 left out ends at the next parameter tag or the function closer on a new line, as Qwen's and vLLM's
 parsers read it (``unclosed_value_ends``). A function written without the block around it
-(``<function=NAME>...</function>`` in answer text) is a call of a registered tool, as vLLM's
-parser reads it (``bare_invocations``). A parameter name is the text up to the tag's ``>``, quotes
+(``<function=NAME>...</function>`` at the start of a line of answer text) is a call of a registered
+tool, as vLLM's parser reads it (``bare_invocations``). A parameter name is the text up to the tag's ``>``, quotes
 and line breaks included, as vLLM's qwen3_coder parser reads it (the template writes the name
 verbatim); a name holding ``<`` or ``>`` cannot be read back (the ``>`` would end it short).
 Recovery rules: `tag_tools`.

@@ -34,8 +34,9 @@ answer text (`StrayText.CONTENT`) and to `MarkupDropped` inside recipient tool f
 - a typed value that does not parse: kept as a JSON string, `INVALID_VALUE`;
 - a block closer while an invocation is open: the call ends normally, `MALFORMED_CALL`;
 - an invocation tag in answer text (``ToolGrammar.bare_invocations``: Qwen Coder's ``<function=NAME>``
-  written without ``<tool_call>``, which vLLM's parser reads as a call): a registered tool's opens a
-  call in a block of its own that the invocation closer ends; another name's tag is answer text;
+  written without ``<tool_call>``, which vLLM's parser reads as a call): a registered tool's at the
+  start of a line opens a call in a block of its own that the invocation closer ends; another
+  name's tag, or one mid-line, is answer text;
 - output ending inside a started call (the output limit, a stop string, EOS): no call, the call's
   text from its invocation tag on (the block opener too for a block's first call) is answer content,
   also in tool frames, with `UNTERMINATED_CALL`; so that the stream agrees, a call's events are held

@@ -23,10 +23,10 @@ class ToolGrammar:
     closer was left out (see `tag_tools`). ``key_is_text``: the key is the text between its open and
     close tags (GLM), read without surrounding whitespace as the inline name is (vLLM's GLM parser
     strips it too); a key captured inside a tag (``<parameter=K>``, ``name="K"``) is read as written.
-    ``bare_invocations``: an invocation tag of a registered tool in answer text, written without the
-    block opener, opens a call that its invocation closer ends (Qwen Coder: vLLM's qwen3_coder parser
-    reads ``<function=NAME>...</function>`` without ``<tool_call>`` as a call; another name's tag
-    stays answer text).
+    ``bare_invocations``: an invocation tag of a registered tool at the start of a line of answer
+    text, written without the block opener, opens a call that its invocation closer ends (Qwen Coder:
+    vLLM's qwen3_coder parser reads ``<function=NAME>...</function>`` without ``<tool_call>`` as a
+    call; another name's tag, or one mid-line, stays answer text).
     """
 
     block_open: str

@@ -27,11 +27,14 @@ class ChatOptionError(RequestError):
 
 
 class ToolChoiceWithoutTools(ChatOptionError):
-    """``tool_choice: "auto"`` in a request without ``tools``: there is nothing to choose from.
-    OpenAI answers 400 ("tool_choice is only allowed when tools are specified"), and so does vLLM;
-    serving it as plain chat hid the client's mistake (a forgotten tools list). An empty ``tools``
-    list is served as none, as vLLM serves it; ``required`` or a named function without tools is a
-    `ChatOptionError` of its own (nothing to call)."""
+    """``tool_choice: "auto"`` in a request without tools (``tools`` left out or an empty list):
+    there is nothing to choose from. OpenAI answers 400 ("tool_choice is only allowed when tools are
+    specified"; an empty ``tools`` list is itself a 400 there, ``empty_array``), and so does vLLM
+    (which refuses an empty list too since vllm-project/vllm#39780); serving it as plain chat hid
+    the client's mistake (a forgotten or emptied tools list). An empty list without a tool choice
+    (or with ``none``) is still served as no tools: clients send one where they have none, and
+    nothing was asked of it; ``required`` or a named function without tools is a `ChatOptionError`
+    of its own (nothing to call)."""
 
     param = "tool_choice"
 
@@ -148,12 +151,12 @@ class ToolPolicy:
 def parse_tool_policy(body: ChatOptionsBody) -> ToolPolicy:
     """``tool_choice`` and ``parallel_tool_calls``: ``auto`` (the default) with tools, ``none``,
     ``required`` (needs tools) or a named function (must be declared); ``auto`` without ``tools``
-    is `ToolChoiceWithoutTools`. Forcing and ``parallel_tool_calls=false`` are enforced by a
-    tool-call grammar (`helios.frontend.structured.grammar_request`)."""
+    (or with an empty list) is `ToolChoiceWithoutTools`. Forcing and ``parallel_tool_calls=false``
+    are enforced by a tool-call grammar (`helios.frontend.structured.grammar_request`)."""
     names = tool_names(body)
     parallel = body.parallel_tool_calls is not False
     choice = body.tool_choice
-    if choice == "auto" and body.tools is None:  # required and named choices without tools fail below
+    if choice == "auto" and not body.tools:  # required and named choices without tools fail below
         raise ToolChoiceWithoutTools("tool_choice 'auto' is only allowed when tools are specified; give the "
                                      "tools, or leave tool_choice out")
     if choice is not None and not isinstance(choice, str):

@@ -15,8 +15,12 @@ The grammar keeps the frames (`ChannelSyntax`); controls are generated as their 
 - reasoning frames carry free text; with a budget (half the request's output limit) there is at
   most one, of at most ``budget`` tokens, so a sampled model always reaches the answer or the call;
 - the output continues the prompt's position (`FrameStart`): at a boundary it starts a frame; in an
-  open header it completes the header when the rendered text is a prefix of the role; an open body
-  cannot be continued under constraints (`GrammarError`).
+  open header it completes the header when the rendered text is a prefix of the role; in an open
+  body (an assistant prefill, ``continue_final_message``) it continues the body as the grammar would
+  have begun it: a reasoning body's text, then the frames; the final channel's body, the answer (a
+  structured one begins after the prefilled text, as a tag syntax's does), or with no answer allowed
+  (a forced call) the body ends and the call's frame follows. A tool body, whose JSON arguments
+  the grammar would have to take up mid-value, or any other body cannot be continued (`GrammarError`).
 
 Without tools (``policy`` None) only reasoning frames and the structured answer are allowed.
 """
@@ -29,6 +33,7 @@ from helios.frontend.structured.grammar import GrammarError
 from helios.frontend.structured.grammar_json_calls import arguments_schema
 from helios.frontend.structured.grammar_lark import LarkRules, Speller, free_text, json_literal, lark_of
 from helios.frontend.structured.grammar_tools import ANSWER_RULE, AnswerKind, CallPolicy
+from helios.frontend.parsers.harmony import parse_header
 from helios.frontend.parsers.start import FramePosition, FrameStart
 from helios.frontend.decoding.syntax import ChannelSyntax
 
@@ -65,11 +70,22 @@ def channels_lark(channels: ChannelSyntax, speller: Speller, start: FrameStart, 
     frames = rules.rule("frames", f"({role} {reasoning}){repeat} {role} {final}")
     if start.position is FramePosition.BOUNDARY:
         return rules.text(f"{start_control} {frames}")
+    then = f"{role} {final}" if budget is not None else frames  # after a reasoning frame
     if start.position is FramePosition.HEADER and channels.role.startswith(start.header_text):
         rest = channels.role[len(start.header_text):]
         first = f"{json_literal(rest)} " if rest else ""
-        then = f"{role} {final}" if budget is not None else frames
         return rules.text(f"{first}{final} | {first}{reasoning} {then}")
+    if start.position is FramePosition.BODY:
+        header = parse_header(channels, start.recipient)
+        if header.role == channels.role and not header.recipient:
+            if header.channel in channels.reasoning_channels:
+                return rules.text(f"{text} {end} {start_control} {then}")
+            if header.channel == channels.final_channel:
+                if answer is AnswerKind.STRUCTURED:
+                    return rules.text(ANSWER_RULE)
+                if answer is AnswerKind.FREE:
+                    return rules.text(f"{free}?")
+                return rules.text(f"{end} {start_control} {frames}")  # the forced call's frame follows
     where = start.recipient or start.header_text
     raise GrammarError(f"the prompt's open frame {where!r} cannot continue under this request's constraints",
                        "messages")  # the rendered messages left it open

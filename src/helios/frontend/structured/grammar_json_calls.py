@@ -17,13 +17,14 @@ is the same as for a structured answer. Special-token spellings are generated as
 from __future__ import annotations
 
 import json
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from helios.frontend.structured.grammar import GrammarError
 from helios.frontend.structured.grammar_lark import Speller, json_literal, lark_of
 from helios.frontend.structured.grammar_options import OPTIONS_KEY, client_options
 from helios.frontend.structured.grammar_tools import ToolSchema
 from helios.frontend.structured.grammar_values import ValueStyle, safe_bundle, string_pattern
+from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.decoding.syntax import JsonCallSyntax
 
 NEWLINE = "\n"
@@ -57,29 +58,65 @@ def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") 
 
 
 def _check_closer_free(tool: ToolSchema, schema: Mapping, original: Mapping, closer: str,
-                       path: tuple[str, ...] = ()) -> None:
+                       path: tuple[str, ...] = (), bundle: SchemaDocument | None = None,
+                       walked: set[str] | None = None) -> None:
     """GrammarError naming the first required parameter (a nested object's required key included)
     whose every enum/const value holds the block `closer`: the safe schema leaves it no value
     (``enum: []``) where the tool's `original` schema had some, and the call could not be written
     (llguidance's bare "Unsatisfiable schema" was the 400, naming neither the tool nor the
-    parameter). A client's own empty enum is left to that 400."""
+    parameter). A client's own empty enum is left to that 400. A parameter's ``$ref`` is followed
+    on both sides (pydantic writes an enum or a nested model as one): in the safe `bundle` (the
+    document `schema` belongs to), each ref once in the whole walk (`walked`: a definition checked
+    once is checked for every path to it, and shared or recursive ones stay linear), and in the
+    tool's own document."""
+    bundle = bundle if bundle is not None else SchemaDocument(schema)
+    walked = walked if walked is not None else set()
     properties, originals = schema.get("properties"), original.get("properties")
     required = schema.get("required")
     if not isinstance(properties, Mapping) or not isinstance(required, list):
         return
     originals = originals if isinstance(originals, Mapping) else {}
     for key in required:
-        value = properties.get(key) if isinstance(key, str) else None
+        value = _walk(bundle, properties.get(key) if isinstance(key, str) else None, walked)
         if not isinstance(value, Mapping):
             continue
-        before = originals.get(key)
+        before = tool.document.deref(originals.get(key))
         before = before if isinstance(before, Mapping) else {}
-        if value.get("enum") == [] and (before.get("enum") or "const" in before):
+        if _emptied(tool, bundle, value, before, walked):
             where = "tools" if tool.index is None else f"{tool.param}.properties.{path[0] if path else key}"
             raise GrammarError(f"tool {tool.name!r} parameter {'.'.join((*path, key))!r}: each of its enum/const "
                                f"values holds {closer!r}, which ends this model's tool-call block, so none can be "
                                "written", where)
-        _check_closer_free(tool, value, before, closer, (*path, key))
+        _check_closer_free(tool, value, before, closer, (*path, key), bundle, walked)
+
+
+def _walk(bundle: SchemaDocument, schema: Any, walked: set[str]) -> Any:
+    """`schema` with its ref followed in `bundle` (`SchemaDocument.deref`), or None when that ref
+    was walked before; records the ref in `walked`."""
+    ref = schema.get("$ref") if isinstance(schema, Mapping) else None
+    if not isinstance(ref, str):
+        return schema
+    if ref in walked:
+        return None
+    walked.add(ref)
+    return bundle.deref(schema)
+
+
+def _emptied(tool: ToolSchema, bundle: SchemaDocument, value: Mapping, before: Mapping, walked: set[str]) -> bool:
+    """Whether the safe `value` allows no value where the tool's `before` listed enum/const ones: its
+    own ``enum`` is empty, or an ``allOf`` conjunct's is (pydantic v1 wrote a described enum field as
+    ``allOf: [{$ref: ...}]``), refs followed as in `_check_closer_free`."""
+    if value.get("enum") == [] and (before.get("enum") or "const" in before):
+        return True
+    conjuncts, originals = value.get("allOf"), before.get("allOf")
+    if not isinstance(conjuncts, list) or not isinstance(originals, list):
+        return False
+    for conjunct, original in zip(conjuncts, originals):  # the safe schema keeps their order
+        conjunct, original = _walk(bundle, conjunct, walked), tool.document.deref(original)
+        if isinstance(conjunct, Mapping) and isinstance(original, Mapping) and _emptied(
+                tool, bundle, conjunct, original, walked):
+            return True
+    return False
 
 
 def _call_rules(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[ToolSchema], json_options: Mapping) -> list[str]:

@@ -16,9 +16,9 @@ named function, ``parallel_tool_calls=false``), the whole output is constrained 
   block. After the last block only whitespace may follow;
 - the answer is, by `AnswerKind`: STRUCTURED, the ``response_format`` grammar as an opaque
   subgrammar (``@answer``), so tags spelled inside it stay answer text; FREE, text that never spells
-  the tool opener (nor an invocation tag the parser reads as a call without it: Qwen Coder's
-  ``<function=``, `ToolGrammar.bare_invocations`), optionally followed by calls; NONE, absent (a
-  call is required).
+  the tool opener (nor, at a line start, an invocation tag the parser reads there as a call without
+  it: Qwen Coder's ``<function=``, `ToolGrammar.bare_invocations`), optionally followed by calls;
+  NONE, absent (a call is required).
 
 A tool whose parameters schema would constrain the output must compile on its own
 (`ToolSchema.parameters_request`, checked by `GrammarCompiler.first_failure` before the grammar is built): an
@@ -48,7 +48,8 @@ from typing import Any, Mapping, Sequence
 
 from helios.frontend.structured.grammar import GrammarError, GrammarKind, GrammarRequest
 from helios.frontend.structured.grammar_lark import (
-    LarkRules, Speller, Spelling, free_text, join, lark_of, text_spelling, text_then,
+    ANY_TEXT, LarkRules, Speller, Spelling, avoiding, free_text, join, lark_of, regex_escape, spelled_text,
+    text_spelling, text_then,
 )
 from helios.frontend.structured.grammar_options import OPTIONS_KEY, client_options, option_error
 from helios.frontend.structured.grammar_values import ValueGrammar, ValueStyle
@@ -347,8 +348,8 @@ def _body(rules: LarkRules, calls: CallGrammar, grammar: ToolGrammar, speller: S
     separator = think.after_close if think is not None else ""
     if policy.answer is AnswerKind.FREE:  # text (which may spell the gap), then calls or the end
         avoid = [speller(think.open)] if think is not None and state is ReasoningState.UNOPENED else []
-        if grammar.bare_invocations:  # the parser reads one as a call, which no rule here would check
-            avoid.append(speller(grammar.invoke_open.prefix))
+        if grammar.bare_invocations:  # the parser reads one at a line start as a call, which no rule here would check
+            return _free_body(rules, opener, avoid, grammar.invoke_open.prefix, tail)
         upto_open = text_then(rules, [opener], avoid=avoid)[0]
         return rules.rule("body", f"{upto_open} {tail} | {free_text(rules, [opener, *avoid])}?")
     gaps = sorted({text for text in (separator, grammar.block_lead) if text})
@@ -357,3 +358,23 @@ def _body(rules: LarkRules, calls: CallGrammar, grammar: ToolGrammar, speller: S
     if policy.answer is AnswerKind.STRUCTURED:
         branches.append(f"{lark_of(text_spelling(separator))}? {ANSWER_RULE}" if separator else ANSWER_RULE)
     return rules.rule("body", " | ".join(branches))
+
+
+def _free_body(rules: LarkRules, opener: Spelling, avoid: Sequence[Spelling], bare: str, tail: str) -> str:
+    """Free answer text, then the calls or the end, where the parser reads a `bare` invocation tag
+    (`ToolGrammar.bare_invocations`: Qwen Coder's ``<function=``) at the start of a line as a call
+    (`tag_tools`): the text never spells `bare` at its start or right after a newline, nor the
+    opener or `avoid`; mid-line it may (prose naming ``<function=x>`` is answer text to the parser
+    too). `text_then` and `free_text`, with that line-start rule laid over the text."""
+    line_start = f"~/(?:{ANY_TEXT}\\n)?{regex_escape(bare)}{ANY_TEXT}/"
+    text_matching = [opener] if opener[0].is_token and opener[0].text_matches else []
+    if opener[0].is_token:  # a greedy text that never spells the opener's token text, then the token
+        text = rules.terminal("text", avoiding(f"/(?s:.+)/ & {line_start}", [*avoid, *text_matching]))
+        upto_open = rules.rule("upto", f"{text}? {lark_of(opener)}")
+    else:  # one lazy lexeme up to the opener's first occurrence
+        others = [spelling for spelling in avoid if spelled_text(spelling) not in opener[0].text]
+        upto = f"/{ANY_TEXT}{regex_escape(opener[0].text)}/ & {line_start}"
+        lazy = rules.rule("lazy", avoiding(upto, others), "lazy")
+        upto_open = rules.rule("upto", " ".join(filter(None, (lazy, lark_of(opener[1:])))))
+    free = rules.terminal("text", avoiding(f"/(?s:.+)/ & {line_start}", [opener, *avoid]))
+    return rules.rule("body", f"{upto_open} {tail} | {free}?")

@@ -143,6 +143,8 @@ def safe_json_definition(pattern: str) -> dict:
 
 _COMPOSITE = ("anyOf", "oneOf", "allOf", "prefixItems")
 _CONSTRAINING = ("type", "enum", "const", "$ref", "anyOf", "oneOf", "allOf", "properties", "items", "not")
+_DATA_KEYWORDS = ("enum", "const", "default", "examples")  # JSON values, not schemas
+_NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # names -> schemas
 
 
 def safe_schema(schema: Any, pattern: str) -> Any:
@@ -204,12 +206,41 @@ def safe_schema(schema: Any, pattern: str) -> Any:
 
 def safe_bundle(schema: Any, source: SchemaDocument, pattern: str) -> dict:
     """`schema` (a subschema of `source`) as a standalone document whose strings and keys match
-    `pattern` (`safe_schema`), with the safe JSON definition where it is used."""
+    `pattern` (`safe_schema`), with the safe JSON definition where it is used.
+
+    A definition left no value (``enum: []``: each of its string values broke `pattern`) is written
+    where it is used instead of referred to: llguidance compiles every referenced definition on its
+    own and refuses the whole document for an empty one ("anyOf is empty"), even one only an optional
+    property or an array's items use, which the inline ``enum: []`` merely leaves out."""
     bundle = source.bundled(schema, reserved=(SAFE_JSON,))
     document = safe_schema(bundle if isinstance(bundle, Mapping) else {}, pattern)
+    definitions = document.get("$defs")
+    if isinstance(definitions, dict):
+        emptied = {f"#/$defs/{name}" for name, value in definitions.items()
+                   if isinstance(value, Mapping) and value.get("enum") == []}
+        if emptied:
+            document = _inline_emptied(document, emptied)
+            document["$defs"] = {name: value for name, value in document["$defs"].items()
+                                 if f"#/$defs/{name}" not in emptied}
     if f"#/$defs/{SAFE_JSON}" in json.dumps(document):
         document.setdefault("$defs", {})[SAFE_JSON] = safe_json_definition(pattern)
     return document
+
+
+def _inline_emptied(schema: Any, emptied: set[str], is_name_map: bool = False) -> Any:
+    """``schema`` (a copy) with each ``$ref`` to one of the `emptied` definitions replaced by
+    ``enum: []`` under the ref's sibling keywords (the definition's own keywords allow nothing more).
+    `is_name_map`: ``schema`` maps names to schemas (``properties`` ...), whatever the names."""
+    if isinstance(schema, list):
+        return [_inline_emptied(item, emptied) for item in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    if is_name_map:
+        return {name: _inline_emptied(value, emptied) for name, value in schema.items()}
+    if isinstance(schema.get("$ref"), str) and schema["$ref"] in emptied:
+        return {**{key: value for key, value in schema.items() if key != "$ref"}, "enum": []}
+    return {key: value if key in _DATA_KEYWORDS else _inline_emptied(value, emptied, key in _NAME_MAPS)
+            for key, value in schema.items()}
 
 
 def _refers(schema: Any) -> bool:
