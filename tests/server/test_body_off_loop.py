@@ -119,7 +119,7 @@ def test_a_list_within_its_bound_still_has_every_item_validated():
 def test_the_length_check_gives_pydantics_own_error():
     seen = []
     item = Annotated[int, BeforeValidator(lambda value: seen.append(value) or value)]
-    Bounded = create_model("Bounded", items=(schemas._list_of(item, 2, min_len=1), ...))
+    Bounded = create_model("Bounded", items=(schemas.list_of(item, 2, min_len=1), ...))
     with pytest.raises(ValidationError) as raised:
         Bounded.model_validate({"items": [1, 2, 3]})
     (error,) = raised.value.errors(include_url=False)

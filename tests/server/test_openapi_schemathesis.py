@@ -144,9 +144,10 @@ def test_schemathesis_finds_the_document_and_the_server_agree(served):
     assert not failures, "\n\n".join(failures)
     # the run reached every operation, and generation (not only rejections)
     labels = {label for label, _ in statuses}
-    assert labels == {"POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
-                      "GET /v1/models/{model_id}", "GET /health", "GET /metrics"}, labels
-    for path in ("/v1/chat/completions", "/v1/completions"):
+    assert labels == {"POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "GET /v1/models",
+                      "GET /v1/models/{model_id}", "GET /health", "GET /metrics", "POST /tokenize",
+                      "POST /detokenize", "GET /version"}, labels
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize"):
         assert statuses.get((f"POST {path}", 200), 0) >= 3, statuses
         assert statuses.get((f"POST {path}", 400), 0) >= 50, statuses
 

@@ -55,8 +55,20 @@ def test_requests_without_the_api_key_get_401(runner, app):
         assert caught.value.status_code == 401 and caught.value.body["type"] == "authentication_error"
     assert runner.run(get(app, "/v1/models")).status_code == 401
     assert runner.run(get(app, "/v1/models", authorization=f"Bearer {KEY}")).status_code == 200
-    for open_path in ("/health", "/metrics", "/openapi.json"):
+    for open_path in ("/health", "/metrics", "/openapi.json", "/version"):
         assert runner.run(get(app, open_path)).status_code == 200
+
+
+def test_the_tokenizer_endpoints_need_the_api_key(runner, app):
+    """/tokenize and /detokenize render and tokenize on the server's CPU: guarded as /v1/ is."""
+    async def post(path: str, body: dict, **headers) -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            return await http.post(path, json=body, headers=headers)
+
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [3]})):
+        refused = runner.run(post(path, body))
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+        assert runner.run(post(path, body, authorization=f"Bearer {KEY}")).status_code == 200
 
 
 @pytest.mark.parametrize("header, status", [

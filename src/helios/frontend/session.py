@@ -310,15 +310,7 @@ class FrontendModel:
             "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens",
             "messages")
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if policy.is_active else None
-        messages = [message.model_dump(exclude_none=True) for message in body.messages]
-        template_kwargs = effective_template_kwargs(
-            getattr(body, "reasoning_effort", None), body.chat_template_kwargs, self._thinking_switch)
-        self._text_bounds.check(strings_of([without_image_urls(messages), tools, template_kwargs]), "messages")
-        check_image_parts(messages, self._images)
-        prompt = self._prompts.build(messages, tools, template_kwargs=template_kwargs,
-                                     add_generation_prompt=body.add_generation_prompt,
-                                     continue_final_message=body.continue_final_message)
-        prompt, images = with_images(prompt, self._images)
+        prompt, images = self.chat_prompt(body, tools, getattr(body, "reasoning_effort", None))
         answer = None
         if has_structured_output(body):
             answer = parse_response_format(body.response_format.model_dump(by_alias=True, exclude_none=True))
@@ -342,6 +334,39 @@ class FrontendModel:
             request_id, head, prompt.token_ids, params, grammar, prompt.stable_prefix_len, factory, prompt=prompt,
             images=images,
         )
+
+    def chat_prompt(self, body, tools: list[dict] | None,
+                    reasoning_effort: str | None = None) -> tuple[Prompt, RequestImages | None]:
+        """The prompt of a chat body's messages (and its images' features: None for text only) with
+        `tools` rendered (None: none), as a chat completion renders it: the messages' text bound,
+        their image parts, the template under the body's `chat_template_kwargs` (and
+        `reasoning_effort`'s switch), `add_generation_prompt` and `continue_final_message`, then
+        the image placeholders expanded. `/tokenize` answers these ids."""
+        messages = [message.model_dump(exclude_none=True) for message in body.messages]
+        template_kwargs = effective_template_kwargs(reasoning_effort, body.chat_template_kwargs, self._thinking_switch)
+        self._text_bounds.check(strings_of([without_image_urls(messages), tools, template_kwargs]), "messages")
+        check_image_parts(messages, self._images)
+        prompt = self._prompts.build(messages, tools, template_kwargs=template_kwargs,
+                                     add_generation_prompt=body.add_generation_prompt,
+                                     continue_final_message=body.continue_final_message)
+        return with_images(prompt, self._images)
+
+    def text_prompt(self, text: str, add_special_tokens: bool = True) -> tuple[int, ...]:
+        """The ids of a text prompt, as a completion tokenizes it (its text bound checked first: the
+        tokenizer takes seconds over megabytes no context could hold)."""
+        self._text_bounds.check([text], "prompt")
+        return tuple(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode_ids(self, token_ids: Sequence[int]) -> str:
+        """The text of `token_ids` as an echo of an id prompt shows it: special tokens kept, cleaned
+        up on a core that cleans up tokenization spaces (transformers' decode)."""
+        text = self._tokenizer.decode(list(token_ids), skip_special_tokens=False)
+        return clean_up_tokenization(text) if self._facts.clean_up_spaces else text
+
+    @property
+    def tokenizer(self):
+        """The core's tokenizer (`tokenizers.Tokenizer`); shared, read only."""
+        return self._tokenizer
 
     def prepare_choice(self, prepared: PreparedRequest, request_id: str) -> PreparedRequest:
         """Another choice of the request `prepared` (``n`` > 1) under `request_id`, without rendering,
@@ -378,8 +403,7 @@ class FrontendModel:
 
     def _completion_prompt(self, prompt: str | Sequence[int]) -> tuple[int, ...]:
         if isinstance(prompt, str):
-            self._text_bounds.check([prompt], "prompt")
-            ids = tuple(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
+            ids = self.text_prompt(prompt)
         else:
             begin, end = self._facts.input_range
             if any(not begin <= token < end for token in prompt):
@@ -400,10 +424,7 @@ class FrontendModel:
     def _echo_text(self, prompt: str | Sequence, prompt_ids: tuple[int, ...]) -> str:
         """The prompt as ``echo`` returns it: the text given, or the ids decoded (cleaned up as the
         output is, on a core that cleans up tokenization spaces: transformers' decode)."""
-        if isinstance(prompt, str):
-            return prompt
-        text = self._tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
-        return clean_up_tokenization(text) if self._facts.clean_up_spaces else text
+        return prompt if isinstance(prompt, str) else self.decode_ids(prompt_ids)
 
     def _echoed_token_texts(self, prompt_ids: tuple[int, ...], echo_text: str) -> tuple[str, ...]:
         """Each prompt token's part of `echo_text` (`echoed_token_texts`). An echo cleaned up as

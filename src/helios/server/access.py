@@ -1,9 +1,10 @@
 """ASGI middleware for operators: the API key and the access log.
 
-`ApiKeyGuard`: with a key set (``--api-key`` or ``HELIOS_API_KEY``), every ``/v1/`` request must
+`ApiKeyGuard`: with a key set (``--api-key`` or ``HELIOS_API_KEY``), every ``/v1/`` request (and
+``/tokenize`` and ``/detokenize``, which render templates and tokenize on the server's CPU) must
 carry ``Authorization: Bearer KEY`` (the scheme in any case, as HTTP's schemes are; the key compared
 in constant time); others get 401 with an
-OpenAI-style error body before their body is read. ``/health``, ``/metrics`` and
+OpenAI-style error body before their body is read. ``/health``, ``/metrics``, ``/version`` and
 ``/openapi.json`` stay open for probes and scrapers.
 
 `AccessLog`: one line per HTTP request on the ``helios.access`` logger, written when the response
@@ -53,17 +54,21 @@ _ADDRESS = re.compile(r"[0-9A-Za-z.:%_\[\]-]+")
 # token ends a response with "stop" (`helios.frontend.responses.presentation.finish_reason`). The other
 # reasons are the same words, or ends the client saw as an error (its status or error event).
 _CLIENT_REASONS = {"eos": "stop"}
+# Guarded beside every ``/v1/`` path: the tokenizer endpoints spend preparation CPU (vLLM leaves
+# them open).
+_GUARDED_PATHS = ("/tokenize", "/detokenize")
 
 
 class ApiKeyGuard:
-    """401 for ``/v1/`` requests without the bearer key (see the module docstring)."""
+    """401 for ``/v1/`` and tokenizer requests without the bearer key (see the module docstring)."""
 
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
         self._expected = api_key.encode("utf-8")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/") or self._is_authorized(scope):
+        path = scope["path"] if scope["type"] == "http" else ""
+        if not (path.startswith("/v1/") or path in _GUARDED_PATHS) or self._is_authorized(scope):
             await self.app(scope, receive, send)
             return
         body = json.dumps({"error": {"message": "a valid API key is required: send 'Authorization: Bearer KEY'",

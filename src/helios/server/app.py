@@ -4,9 +4,11 @@ Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or SSE
 ``stream: true``), ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health`` (503 once the
 model worker died, or while its engine process sends no heartbeat: stopped or hung, or while its
 worker completes no step with requests pending: stalled), ``GET /metrics`` (Prometheus text) and
-``GET /openapi.json``. Request bodies are the strict models of `helios.server.schemas`, so the
-OpenAPI document describes exactly what the server accepts: unknown or unsupported fields are
-rejected, not ignored.
+``GET /openapi.json``; OpenAI's ``POST /v1/responses``, stateless, answered through the chat path
+(`helios.server.responses_route`); and vLLM's ``POST /tokenize``, ``POST /detokenize`` and
+``GET /version`` (`helios.server.tokenize`). Request bodies are the strict models of
+`helios.server.schemas`, so the OpenAPI document describes exactly what the server accepts: unknown
+or unsupported fields are rejected, not ignored.
 
 Errors are OpenAI-style bodies (``{"error": {"message", "type", "param", "code"}}``) whose status
 comes from the error's class: a missing API key 401 (when the server has one), schema violations
@@ -47,21 +49,30 @@ from helios.server.metrics import ResponseCounter
 from helios.frontend.responses.presentation import error_body
 from helios.server.responses import ClientGoneGuard, error_response
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, check_model
+from helios.server.responses_route import respond as respond_responses
+from helios.server.responses_schema import ResponsesRequest
+from helios.server.schemas_tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from helios.server.service import ServedModel
+from helios.server.tokenize import respond_detokenize, respond_tokenize, version
 
 UNSUPPORTED_FIELD = "not a field this server accepts (unsupported options are rejected, not ignored)"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 # FastAPI's native OpenTelemetry off: the server has its own metrics and access log, and otherwise
 # every request reads the environment for configured providers (`NativeTelemetry.enabled`).
 NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
-JSON_BODY_PATHS = ("/v1/chat/completions", "/v1/completions")  # the routes that take a (JSON) body
+# the routes that take a (JSON) body
+JSON_BODY_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize")
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
+    "/v1/responses": "responses",
     "/v1/models": "models",
     "/v1/models/": "models",  # a prefix (its key ends in "/"): /v1/models/{id}
     "/health": "health",
     "/metrics": "metrics",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
+    "/version": "version",
 }
 
 
@@ -184,6 +195,15 @@ def _install_routes(app: FastAPI, served: ServedModel) -> None:
         check_model(body.model, served.card.served_names)
         return await served.respond(body, request.receive, getattr(request.state, RECORD_KEY, None))
 
+    @app.post("/v1/responses", responses={200: {
+        "description": "A Response object (JSON), or with stream=true an SSE stream of typed events ending in "
+        "`response.completed` or `response.incomplete`, or in one `error` event when the request fails after the "
+        "headers", "content": {"application/json": {}, "text/event-stream": {}}}, **_ERRORS}, response_class=Response)
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        """Responses (OpenAI), stateless, answered through the chat path (`helios.server.responses_route`)."""
+        return await respond_responses(served, body, request.scope, request.receive,
+                                       getattr(request.state, RECORD_KEY, None))
+
     @app.get("/v1/models")
     async def list_models() -> dict:
         return {"object": "list", "data": [_model_entry(served, name) for name in served.card.served_names]}
@@ -207,6 +227,20 @@ def _install_routes(app: FastAPI, served: ServedModel) -> None:
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
         return Response(served.metrics.render(), media_type=PROMETHEUS_TEXT)
+
+    @app.post("/tokenize", responses={200: {"model": TokenizeResponse}, **_ERRORS}, response_class=Response)
+    async def tokenize(body: TokenizeRequest) -> Response:
+        """Extension (vLLM): a text's or a chat's prompt token ids (`helios.server.tokenize`)."""
+        return await respond_tokenize(served, body)
+
+    @app.post("/detokenize", responses={200: {"model": DetokenizeResponse}, **_ERRORS}, response_class=Response)
+    async def detokenize(body: DetokenizeRequest) -> Response:
+        """Extension (vLLM): the text of token ids."""
+        return await respond_detokenize(served, body)
+
+    @app.get("/version")
+    async def get_version() -> dict:
+        return version()
 
 
 def _openapi_get_only(app: FastAPI) -> None:

@@ -13,7 +13,7 @@ schemas (tool parameters, response schemas) of at most `MAX_SCHEMA_NBYTES` encod
 `MAX_SCHEMA_DEPTH` deep, grammars of at most `MAX_GRAMMAR_CHARS`, regular expressions of at most
 `MAX_REGEX_CHARS`. Text length is bounded by the body size (`helios.server.body_guard`) and, before
 tokenizing, by the model's context extent (`helios.frontend.session`). A bounded list is refused by its
-length before any of its items is validated (`_list_of`).
+length before any of its items is validated (`list_of`).
 
 A message's text parts (at most `MAX_TEXT_PARTS`) and an assistant message's tool calls (at most
 `MAX_TOOL_CALLS`) are counted by `validate_chat`, before admission and preparation, rather than as
@@ -86,7 +86,7 @@ def _at_most(max_len: int) -> BeforeValidator:
     return BeforeValidator(check)
 
 
-def _list_of(item: Any, max_len: int, min_len: int | None = None) -> Any:
+def list_of(item: Any, max_len: int, min_len: int | None = None) -> Any:
     """The type of a list of `item`s, `min_len` to `max_len` of them, whose length is checked
     before its items are (see `_at_most`); the schema says the same bounds."""
     return Annotated[list[item], Field(min_length=min_len, max_length=max_len), _at_most(max_len)]
@@ -110,21 +110,21 @@ def _top_k_off(value: int | None) -> int | None:
     return 0 if value == -1 else value
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-class TextPart(_Strict):
+class TextPart(StrictModel):
     type: Literal["text"]
     text: StrictStr
 
 
-class ImageUrl(_Strict):
+class ImageUrl(StrictModel):
     url: StrictStr = Field(min_length=1)
     detail: Literal["auto", "low", "high"] | None = None
 
 
-class ImageUrlPart(_Strict):
+class ImageUrlPart(StrictModel):
     """An image of a user message: a data: URL (remote URLs only when the server fetches them)."""
 
     type: Literal["image_url"]
@@ -134,31 +134,31 @@ class ImageUrlPart(_Strict):
 UserPart = Annotated[Union[TextPart, ImageUrlPart], Field(discriminator="type")]
 
 
-class FunctionCall(_Strict):
+class FunctionCall(StrictModel):
     name: StrictStr = Field(min_length=1)
     arguments: StrictStr
 
 
-class ToolCall(_Strict):
+class ToolCall(StrictModel):
     id: StrictStr = Field(min_length=1)
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class SystemMessage(_Strict):
+class SystemMessage(StrictModel):
     role: Literal["system", "developer"]
     content: Union[StrictStr, list[TextPart]]
     name: StrictStr | None = None
 
 
-class UserMessage(_Strict):
+class UserMessage(StrictModel):
     role: Literal["user"]
     content: Union[StrictStr, list[UserPart]] = Field(
         description=f"A text, or parts: at most {MAX_TEXT_PARTS} text parts and the server's --max-images images")
     name: StrictStr | None = None
 
 
-class AssistantMessage(_Strict):
+class AssistantMessage(StrictModel):
     role: Literal["assistant"]
     content: Union[StrictStr, list[TextPart], None] = None
     reasoning_content: StrictStr | None = None
@@ -174,7 +174,7 @@ class AssistantMessage(_Strict):
     annotations: None = None
 
 
-class ToolMessage(_Strict):
+class ToolMessage(StrictModel):
     role: Literal["tool"]
     content: Union[StrictStr, list[TextPart]]
     tool_call_id: StrictStr = Field(min_length=1)
@@ -186,28 +186,28 @@ Message = Annotated[
 ]
 
 
-class FunctionDefinition(_Strict):
+class FunctionDefinition(StrictModel):
     name: StrictStr = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     description: StrictStr | None = None
     parameters: JsonSchema | None = None
     strict: StrictBool | None = None
 
 
-class Tool(_Strict):
+class Tool(StrictModel):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Strict):
+class NamedFunction(StrictModel):
     name: StrictStr
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(StrictModel):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(StrictModel):
     # OpenAI's rule for the name: letters, digits, underscores and dashes, at most 64
     name: StrictStr = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")
     schema_: JsonSchema = Field(alias="schema")
@@ -215,38 +215,38 @@ class JsonSchemaFormat(_Strict):
     strict: StrictBool | None = None
 
 
-class TextFormat(_Strict):
+class TextFormat(StrictModel):
     type: Literal["text"]
 
 
-class JsonObjectFormat(_Strict):
+class JsonObjectFormat(StrictModel):
     type: Literal["json_object"]
 
 
-class JsonSchemaResponseFormat(_Strict):
+class JsonSchemaResponseFormat(StrictModel):
     type: Literal["json_schema"]
     json_schema: JsonSchemaFormat
 
 
-class RegexFormat(_Strict):
+class RegexFormat(StrictModel):
     """Extension: the answer matches a regular expression."""
 
     type: Literal["regex"]
     regex: StrictStr = Field(min_length=1, max_length=MAX_REGEX_CHARS)
 
 
-class GrammarFormat(_Strict):
+class GrammarFormat(StrictModel):
     """Extension: the answer matches a Lark grammar (llguidance dialect)."""
 
     type: Literal["grammar"]
     grammar: StrictStr = Field(min_length=1, max_length=MAX_GRAMMAR_CHARS)
 
 
-class ChoiceFormat(_Strict):
+class ChoiceFormat(StrictModel):
     """Extension: the answer is exactly one of the given strings."""
 
     type: Literal["choice"]
-    choices: _list_of(Annotated[StrictStr, Field(min_length=1, max_length=MAX_CHOICE_CHARS)], 256, min_len=1)
+    choices: list_of(Annotated[StrictStr, Field(min_length=1, max_length=MAX_CHOICE_CHARS)], 256, min_len=1)
 
 
 ResponseFormat = Annotated[
@@ -257,7 +257,7 @@ ResponseFormat = Annotated[
 ]
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictModel):
     include_usage: StrictBool | None = None
     continuous_usage_stats: StrictBool | None = Field(
         default=None, description="Extension (vLLM): every chunk carries the usage so far (needs include_usage)")
@@ -265,7 +265,7 @@ class StreamOptions(_Strict):
         default=None, description="Helios pads no chunk with an obfuscation field: false only")
 
 
-def _not_served(field: str, reason: str) -> Any:
+def not_served(field: str, reason: str) -> Any:
     """The type of an OpenAI field Helios does not serve: null (what a client that always sends
     the field sends for "not given") is accepted and means nothing; any other value is a 400 naming
     the field, with `reason`. The document says the same (``null`` only)."""
@@ -280,7 +280,7 @@ def _not_served(field: str, reason: str) -> Any:
 
 
 _StopString = Annotated[StrictStr, Field(min_length=1)]
-StopField = Union[_StopString, _list_of(_StopString, MAX_STOP_STRINGS), None]
+StopField = Union[_StopString, list_of(_StopString, MAX_STOP_STRINGS), None]
 _TokenId = Annotated[StrictInt, Field(ge=0)]
 _TOKEN_KEY = r"^[0-9]{1,9}$"
 # Token id (decimal string) -> bias; the JSON schema says exactly that (every key matches the pattern).
@@ -291,7 +291,7 @@ LogitBias = Annotated[
 ]
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(StrictModel):
     """Fields shared by chat and text completions."""
 
     model: StrictStr
@@ -312,8 +312,8 @@ class _SamplingFields(_Strict):
     stream_options: StreamOptions | None = None
     stop: StopField = None
     # together at most MAX_STOP_TOKEN_SEQUENCES stops (a rule of both fields, checked in preparation)
-    stop_token_ids: _list_of(_TokenId, MAX_STOP_TOKEN_SEQUENCES) | None = None
-    stop_token_sequences: _list_of(_list_of(_TokenId, MAX_STOP_TOKEN_SEQUENCE_LEN, min_len=1),
+    stop_token_ids: list_of(_TokenId, MAX_STOP_TOKEN_SEQUENCES) | None = None
+    stop_token_sequences: list_of(list_of(_TokenId, MAX_STOP_TOKEN_SEQUENCE_LEN, min_len=1),
                                     MAX_STOP_TOKEN_SEQUENCES) | None = None
     user: StrictStr | None = Field(default=None, max_length=256,
                                    description="An end-user id; appears in the access log, nowhere else")
@@ -334,9 +334,9 @@ class _SamplingFields(_Strict):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: _list_of(Message, MAX_MESSAGES, min_len=1)
+    messages: list_of(Message, MAX_MESSAGES, min_len=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    tools: _list_of(Tool, MAX_TOOLS) | None = None
+    tools: list_of(Tool, MAX_TOOLS) | None = None
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
@@ -367,18 +367,18 @@ class ChatCompletionRequest(_SamplingFields):
     prompt_cache_key: StrictStr | None = Field(
         default=None, max_length=256, description="A cache-routing hint: cached prompt prefixes are reused by "
         "their content whatever the key, so it changes nothing in the response")
-    modalities: _list_of(Literal["text"], 2, min_len=1) | None = Field(
+    modalities: list_of(Literal["text"], 2, min_len=1) | None = Field(
         default=None, description="[\"text\"] only: Helios generates text")
-    # OpenAI fields whose effect Helios does not have: null only (see `_not_served`).
-    audio: _not_served("audio", "Helios generates text only") = None
-    prediction: _not_served("prediction", "no predicted outputs") = None
-    verbosity: _not_served("verbosity", "the model's answer length is not graded") = None
-    web_search_options: _not_served("web_search_options", "no web search") = None
-    moderation: _not_served("moderation", "no moderation") = None
-    prompt_cache_retention: _not_served("prompt_cache_retention", "cached prefixes live while cache pages allow") = None
-    prompt_cache_options: _not_served("prompt_cache_options", "cached prefixes are found by their content") = None
-    functions: _not_served("functions", "legacy function calling: declare them as tools") = None
-    function_call: _not_served("function_call", "legacy function calling: use tool_choice") = None
+    # OpenAI fields whose effect Helios does not have: null only (see `not_served`).
+    audio: not_served("audio", "Helios generates text only") = None
+    prediction: not_served("prediction", "no predicted outputs") = None
+    verbosity: not_served("verbosity", "the model's answer length is not graded") = None
+    web_search_options: not_served("web_search_options", "no web search") = None
+    moderation: not_served("moderation", "no moderation") = None
+    prompt_cache_retention: not_served("prompt_cache_retention", "cached prefixes live while cache pages allow") = None
+    prompt_cache_options: not_served("prompt_cache_options", "cached prefixes are found by their content") = None
+    functions: not_served("functions", "legacy function calling: declare them as tools") = None
+    function_call: not_served("function_call", "legacy function calling: use tool_choice") = None
 
 
 def _prompt_shape(value: Any) -> str | None:
@@ -401,8 +401,8 @@ PROMPT_FORMS = "the prompt is a text, a list of token ids, or a batch: a list of
 Prompt = Annotated[Union[
     Annotated[StrictStr, Tag("text")],
     Annotated[list[_TokenId], Tag("tokens")],
-    Annotated[_list_of(StrictStr, MAX_CHOICES, min_len=1), Tag("texts")],
-    Annotated[_list_of(list[_TokenId], MAX_CHOICES, min_len=1), Tag("token_lists")],
+    Annotated[list_of(StrictStr, MAX_CHOICES, min_len=1), Tag("texts")],
+    Annotated[list_of(list[_TokenId], MAX_CHOICES, min_len=1), Tag("token_lists")],
 ], Discriminator(_prompt_shape, custom_error_type="prompt_form", custom_error_message=PROMPT_FORMS)]
 
 
@@ -421,7 +421,7 @@ class CompletionRequest(_SamplingFields):
         description="Return each output token's log-probability and this many most probable alternatives (0-20)")
     return_token_ids: StrictBool | None = None
     return_token_timestamps: StrictBool | None = None
-    suffix: _not_served("suffix", "no insertion: the output continues the prompt") = None
+    suffix: not_served("suffix", "no insertion: the output continues the prompt") = None
 
 
 class TooManyParts(RequestError):

@@ -1,0 +1,372 @@
+"""OpenAI's Responses API (``POST /v1/responses``), served statelessly through the chat completion path:
+the answer is the chat path's answer to the same conversation (text, usage, log-probabilities, tool
+calls), presented as a Response object or its typed event stream, both of which the official
+`openai` client parses; requests it cannot honour are typed 400s naming the Responses field."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import Response as OpenAIResponse
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from helios.server.responses_api import chat_request, response_object
+from helios.server.responses_schema import ResponsesRequest
+from helios.server.responses_stream import EventTranslator
+from support.asgi_scope import post_scope
+from support.server_core import SERVED_ID, assert_serving
+
+STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                          "required": ["city"], "additionalProperties": False}}
+
+
+@pytest.fixture(scope="module")
+def http(app):
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client(http):
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
+
+
+def post(runner, http, path: str, body: dict) -> httpx.Response:
+    return runner.run(http.post(path, json={"model": SERVED_ID, **body}))
+
+
+def validated(response: dict) -> None:
+    """`response` parses as the client's Response (its usage, checked exactly by the tests, aside: the
+    client's newest usage type requires a cache-write count, which OpenAI's API reference does not list)."""
+    OpenAIResponse.model_validate({**response, "usage": None})
+
+
+def events_of(raw: str) -> list[dict]:
+    """The events of a Responses stream: each ``event: <type>`` with its ``data``, numbered from 0, each
+    one of the client's typed events."""
+    events = []
+    for block in filter(str.strip, raw.split("\n\n")):
+        name, data = block.split("\n")
+        event = json.loads(data.removeprefix("data: "))
+        assert name == f"event: {event['type']}", block
+        STREAM_EVENT.validate_python({**event, "response": {**event["response"], "usage": None}}
+                                     if "response" in event else event)  # usage: see `validated`
+        events.append(event)
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    return events
+
+
+def test_text_answer_is_the_chat_answer(runner, http, served):
+    """A greedy answer: the output text, usage and log-probabilities are the chat path's for the same
+    conversation (instructions as its system message), streamed or not."""
+    chat = post(runner, http, "/v1/chat/completions", {
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}],
+        "max_completion_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 2}).json()
+    body = {"instructions": "Be brief.", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
+            "max_output_tokens": 6, "temperature": 0, "include": ["message.output_text.logprobs"], "top_logprobs": 2,
+            "metadata": {"k": "v"}}
+    answer = post(runner, http, "/v1/responses", body)
+    assert answer.status_code == 200, answer.text
+    response = answer.json()
+    validated(response)
+    assert response["object"] == "response" and response["id"].startswith("resp_")
+    assert response["status"] == "incomplete" and response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert response["metadata"] == {"k": "v"} and response["store"] is False
+    (message,) = response["output"]
+    assert message["type"] == "message" and message["role"] == "assistant" and message["status"] == "incomplete"
+    (part,) = message["content"]
+    expected = chat["choices"][0]
+    assert part["type"] == "output_text" and part["annotations"] == []
+    assert part["text"] == expected["message"]["content"]
+    assert part["logprobs"] == expected["logprobs"]["content"]
+    usage, cached = chat["usage"], response["usage"]["input_tokens_details"]["cached_tokens"]
+    assert 0 <= cached <= usage["prompt_tokens"]  # the chat request's prompt was cached before this one
+    assert response["usage"] == {
+        "input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+        "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens_details": {
+            "reasoning_tokens": (usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)}}
+
+    streamed = post(runner, http, "/v1/responses", {**body, "stream": True})
+    assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+    events = events_of(streamed.text)
+    assert [e["type"] for e in events[:4]] == ["response.created", "response.in_progress",
+                                               "response.output_item.added", "response.content_part.added"]
+    assert [e["type"] for e in events[-4:]] == ["response.output_text.done", "response.content_part.done",
+                                                "response.output_item.done", "response.incomplete"]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert "".join(e["delta"] for e in deltas) == part["text"]
+    assert [entry for e in deltas for entry in e["logprobs"]] == part["logprobs"]
+    final = events[-1]["response"]
+    def counts(usage):  # the cached prompt tokens follow the cache, which earlier requests filled
+        return {key: value for key, value in usage.items() if key != "input_tokens_details"}
+
+    assert counts(final["usage"]) == counts(response["usage"]) and final["status"] == "incomplete"
+    assert [item["content"] for item in final["output"]] == [message["content"]]
+    assert events[-2]["item"] == final["output"][0] and final["output"][0]["id"] == deltas[0]["item_id"]
+    assert served.admission.in_use == 0
+
+
+def test_openai_client_parses_both_forms(runner, client):
+    async def scenario():
+        response = await client.responses.create(model=SERVED_ID, input="hello", max_output_tokens=4, temperature=0)
+        stream = await client.responses.create(model=SERVED_ID, input="hello", max_output_tokens=4, temperature=0,
+                                               stream=True)
+        return response, [event async for event in stream]
+
+    response, events = runner.run(scenario())
+    assert response.output_text and response.usage.output_tokens == 4
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.output_text == response.output_text
+
+
+def test_forced_function_call_and_its_round_trip(runner, http):
+    """tool_choice required: the output is function_call items (streamed: the argument events), and
+    giving them back with their outputs continues the conversation."""
+    body = {"input": "Weather in Paris?", "tools": [WEATHER], "tool_choice": "required", "temperature": 0,
+            "parallel_tool_calls": False}
+    response = post(runner, http, "/v1/responses", body).json()
+    validated(response)
+    assert response["status"] == "completed", response
+    calls = [item for item in response["output"] if item["type"] == "function_call"]
+    assert len(calls) == 1 and calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("fc_")
+    assert set(json.loads(calls[0]["arguments"])) == {"city"}
+    assert response["tools"][0]["name"] == "get_weather"
+
+    events = events_of(post(runner, http, "/v1/responses", {**body, "stream": True}).text)
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed"
+    (call,) = [item for item in final["output"] if item["type"] == "function_call"]
+    assert call["arguments"] == calls[0]["arguments"] and call["name"] == "get_weather"
+    fragments = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
+    (done,) = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert "".join(fragments) == done["arguments"] == call["arguments"] and done["item_id"] == call["id"]
+
+    history = [{"role": "user", "content": "Weather in Paris?"}, *response["output"],
+               {"type": "function_call_output", "call_id": calls[0]["call_id"], "output": "sunny"}]
+    follow = post(runner, http, "/v1/responses", {"input": history, "tools": [WEATHER], "max_output_tokens": 3})
+    assert follow.status_code == 200, follow.text
+
+
+def test_a_client_leaving_a_stream_ends_it(runner, app, served):
+    """A client gone after the first events: the stream ends (its engine request cancelled) and its
+    admission permit is released, as a chat stream's."""
+    payload = json.dumps({"model": SERVED_ID, "input": "hello", "stream": True, "max_output_tokens": 200}).encode()
+    sent = []
+
+    async def scenario():
+        requested, gone = asyncio.Event(), asyncio.Event()
+
+        async def receive():
+            if not requested.is_set():
+                requested.set()
+                return {"type": "http.request", "body": payload, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+            if message.get("body"):
+                gone.set()
+
+        await asyncio.wait_for(app(post_scope("/v1/responses", payload), receive, send), 60)
+        while served.admission.in_use:  # released once the engine confirms the cancellation
+            await asyncio.sleep(0.01)
+
+    runner.run(asyncio.wait_for(scenario(), 120))
+    events = b"".join(message.get("body", b"") for message in sent).decode()
+    assert events.startswith("event: response.created") and "response.incomplete" not in events
+    assert_serving(app, served)
+
+
+def test_input_items_make_the_chat_conversation():
+    """Items in order: assistant text, reasoning and calls of one turn in one assistant message,
+    outputs as tool messages; reasoning with no assistant turn after it is dropped."""
+    body = ResponsesRequest.model_validate({"model": "m", "instructions": "sys", "input": [
+        {"role": "developer", "content": "dev"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "dropped"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "q"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "think"}]},
+        {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+         "content": [{"type": "output_text", "text": "let me see", "annotations": []}]},
+        {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": "{}", "status": "completed"},
+        {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{\"a\":1}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "one"},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "two"}]},
+        {"role": "assistant", "content": "done"}]})
+    chat, paths = chat_request(body)
+    dumped = chat.model_dump(exclude_none=True)["messages"]
+    assert dumped == [
+        {"role": "system", "content": "sys"}, {"role": "developer", "content": "dev"},
+        {"role": "user", "content": [{"type": "text", "text": "q"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "let me see"}], "reasoning_content": "think",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                        {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{\"a\":1}"}}]},
+        {"role": "tool", "content": "one", "tool_call_id": "c1"},
+        {"role": "tool", "content": [{"type": "text", "text": "two"}], "tool_call_id": "c2"},
+        {"role": "assistant", "content": "done"}]
+    assert paths == {
+        "messages[0]": "instructions", "messages[1]": "input[0]", "messages[2]": "input[2]", "messages[3]": "input[4]",
+        "messages[3].content": "input[4].content", "messages[3].tool_calls[0]": "input[5]",
+        "messages[3].tool_calls[1]": "input[6]", "messages[4]": "input[7]", "messages[4].content": "input[7].output",
+        "messages[5]": "input[8]", "messages[5].content": "input[8].output", "messages[6]": "input[9]",
+        "messages[6].content": "input[9].content"}
+
+
+def test_request_fields_map_onto_the_chat_body():
+    body = ResponsesRequest.model_validate({
+        "model": "m", "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "see"},
+            {"type": "input_image", "image_url": "data:image/png;base64,AA", "detail": "low"}]}],
+        "tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}, "parallel_tool_calls": False,
+        "max_output_tokens": 9, "temperature": 0.5, "top_p": 0.9, "user": "u", "store": True, "metadata": {"a": "b"},
+        "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}, "strict": True}},
+        "reasoning": {"effort": "low", "summary": "auto"}, "include": ["message.output_text.logprobs"],
+        "top_logprobs": 3, "stream": True, "truncation": "disabled", "service_tier": "auto"})
+    chat = chat_request(body)[0].model_dump(exclude_none=True, by_alias=True)
+    assert chat == {
+        "model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA",
+                                                                                 "detail": "low"}}]}],
+        "stream": True, "stream_options": {"include_usage": True}, "max_completion_tokens": 9, "temperature": 0.5,
+        "top_p": 0.9, "user": "u", "parallel_tool_calls": False, "service_tier": "auto",
+        "tools": [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"},
+                                                                   "strict": True}},
+        "reasoning_effort": "low", "logprobs": True, "top_logprobs": 3}
+    # top_logprobs without the include returns nothing (as OpenAI's API): no log-probabilities are computed
+    alone = ResponsesRequest.model_validate({"model": "m", "input": "q", "top_logprobs": 3})
+    assert chat_request(alone)[0].logprobs is None and chat_request(alone)[0].top_logprobs is None
+    for kind in ("text", "json_object"):
+        plain = ResponsesRequest.model_validate({"model": "m", "input": "q", "text": {"format": {"type": kind}}})
+        assert chat_request(plain)[0].response_format.type == kind
+
+
+def _chat_chunks(*deltas, finish="stop", usage=None) -> bytes:
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": SERVED_ID}
+    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], "usage": None}
+              for delta in ({"role": "assistant", "content": ""}, *deltas)]
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}],
+                   "usage": None})
+    chunks.append({**head, "choices": [], "usage": usage or {"prompt_tokens": 5, "completion_tokens": 4,
+                                                             "total_tokens": 9}})
+    return b"".join(b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
+
+
+def test_stream_of_reasoning_text_and_calls_matches_the_json_answer():
+    """Reasoning, then text, then two calls: the stream's items, in order, are the JSON answer's."""
+    body = ResponsesRequest.model_validate({"model": SERVED_ID, "input": "q", "stream": True})
+    raw = _chat_chunks({"reasoning_content": "hm"}, {"reasoning_content": "m"}, {"content": "ok"},
+                       {"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                        "function": {"name": "f", "arguments": ""}}]},
+                       {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+                       {"tool_calls": [{"index": 1, "id": "c2", "type": "function",
+                                        "function": {"name": "g", "arguments": "[1"}}]},
+                       {"tool_calls": [{"index": 1, "function": {"arguments": "]"}}]}, finish="tool_calls")
+    translator = EventTranslator(body, {"messages[0]": "input"})
+    split = len(raw) // 2  # a write may end inside an event
+    events = events_of((translator.feed(raw[:split]) + translator.feed(raw[split:])).decode())
+    types = [e["type"] for e in events]
+    assert types == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+        "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
+    final = events[-1]["response"]
+    validated(final)
+    chat = {"id": "chatcmpl-1", "created": 7, "model": SERVED_ID, "usage": {"prompt_tokens": 5, "completion_tokens": 4,
+                                                                           "total_tokens": 9},
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "logprobs": None, "message": {
+                "role": "assistant", "content": "ok", "reasoning_content": "hmm", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "[1]"}}]}}]}
+    expected = response_object(body, chat)
+
+    def without_ids(items):
+        return [{key: value for key, value in item.items() if key != "id"} for item in items]
+
+    assert without_ids(final["output"]) == without_ids(expected["output"])
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message", "function_call", "function_call"]
+    assert final["output"][0]["content"] == [{"type": "reasoning_text", "text": "hmm"}]
+    assert final["usage"] == expected["usage"] and final["status"] == "completed"
+
+
+def test_stream_error_event_names_the_responses_field():
+    body = ResponsesRequest.model_validate({"model": SERVED_ID, "input": "q", "stream": True})
+    translator = EventTranslator(body, {"messages[0]": "input"})
+    raw = _chat_chunks({"content": "a"}).split(b"data: {", 3)
+    head = b"data: {".join(raw[:3])
+    error = {"error": {"message": "boom", "type": "execution_error", "param": "messages", "code": 500}}
+    events = events_of((translator.feed(head) + translator.feed(
+        b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")).decode())
+    assert events[-1] == {"type": "error", "sequence_number": len(events) - 1, "code": "execution_error",
+                          "message": "boom", "param": "input"}
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "keeps no responses"),
+    ({"conversation": "conv_1"}, "conversation", "keeps no conversations"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "'function'"),
+    ({"truncation": "auto"}, "truncation", "'disabled'"),
+    ({"background": True}, "background", "False"),
+    ({"include": ["reasoning.encrypted_content"]}, "include[0]", "message.output_text.logprobs"),
+    ({"input": [{"type": "file_search_call"}]}, "input[0]", "an input item is a message"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0]",
+     "input_file"),
+    ({"input": 3}, "input", "input is a text or a list of input items"),
+    ({"input": [{"role": "system", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA"}]}]},
+     "input[0].content[0]", "belongs to a user message"),
+    ({"max_output_tokens": 100000}, "max_output_tokens", "plus max_output_tokens (100000)"),
+    ({"max_output_tokens": 100000, "stream": True}, "max_output_tokens", "plus max_output_tokens (100000)"),
+    ({"input": "x " * 400}, "input", "context extent"),
+    ({"input": [{"role": "user", "content": "a"}, {"role": "user", "content": "x " * 400}]}, "input", "context extent"),
+    ({"tool_choice": "required"}, "tool_choice", "needs at least one tool"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input", "no message"),
+    ({"input": [{"role": "user", "content": "a"}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"},
+                {"type": "function_call_output", "call_id": "c", "output": "o"}]}, "input[1]", "input[1]"),
+    ({"input": [{"role": "user", "content": "a"}, {"type": "function_call_output", "call_id": "c", "output": "o"}]},
+     "input[1]", "input[1]"),
+    ({"text": {"format": {"type": "json_schema", "name": "bad name", "schema": {}}}}, "text.format.name", "pattern"),
+])
+def test_refusals_name_the_responses_field(runner, http, served, fields, param, words):
+    answer = post(runner, http, "/v1/responses", {"input": "hello", **fields})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["code"] == 400
+    assert words in error["message"] and "max_completion_tokens" not in error["message"]
+    assert served.admission.in_use == 0
+
+
+def test_model_not_served_is_404(runner, http):
+    answer = runner.run(http.post("/v1/responses", json={"model": "other", "input": "hello"}))
+    assert answer.status_code == 404 and answer.json()["error"]["param"] == "model"
+
+
+def test_the_document_describes_the_strict_request(runner, http):
+    document = runner.run(http.get("/openapi.json")).json()
+    operation = document["paths"]["/v1/responses"]["post"]
+    reference = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    schema = document["components"]["schemas"][reference.rsplit("/", 1)[1]]
+    assert schema["additionalProperties"] is False and set(schema["required"]) == {"model", "input"}
+    assert schema["properties"]["previous_response_id"]["type"] == "null"
+    assert {"200", "400", "404", "429", "500", "503"} <= set(operation["responses"]) and "422" not in operation["responses"]
+
+
+def test_responses_are_counted_under_their_endpoint(runner, http):
+    assert post(runner, http, "/v1/responses", {"input": "hello", "max_output_tokens": 1}).status_code == 200
+    metrics = runner.run(http.get("/metrics")).text
+    assert 'helios_http_responses_total{endpoint="responses",status="200"}' in metrics
