@@ -131,6 +131,25 @@ def two_length_sources(doc):
 
 
 @case
+def logit_bias_ids_without_values(doc):
+    add_binding(doc, "speculate_w4", "logit_bias_ids", "LOGIT_BIAS_IDS", "PHYSICAL_REQUEST_ROW")
+    return graph(doc, "speculate_w4")[1] + ".bindings"
+
+
+@case
+def logit_bias_values_without_ids(doc):
+    add_binding(doc, "decode", "logit_bias_values", "LOGIT_BIAS_VALUES", "PHYSICAL_REQUEST_ROW")
+    return graph(doc, "decode")[1] + ".bindings"
+
+
+@case
+def logit_bias_per_submission_row(doc):
+    path = add_binding(doc, "speculate_w4", "logit_bias_ids", "LOGIT_BIAS_IDS", "SUBMISSION_ROW")
+    add_binding(doc, "speculate_w4", "logit_bias_values", "LOGIT_BIAS_VALUES", "PHYSICAL_REQUEST_ROW")
+    return f"{path}.indexing"
+
+
+@case
 def duplicate_destination_in_graph(doc):
     return add_binding(doc, "decode", "slots", "SLOT", "ACTIVE_ROW") + ".destination"
 

@@ -2,7 +2,8 @@
 prefixes from rank zero's broadcast confidence and verifies with the sharded target; greedy
 tokens equal one rank's ordinary greedy tokens, and a request asking for log-probabilities keeps
 speculating (the SPECULATIVE programs' token-logprobs twins) and gets the values one rank's plain
-decoding returns."""
+decoding returns; so do lanes with a logit bias (the SPECULATIVE programs add it to the gathered
+target logits)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,23 @@ def test_two_ranks_speculate_with_the_logprobs_one_rank_decodes(cores, draft_cor
         for mine, theirs in zip(got, want):
             assert math.isclose(mine.logprob, theirs.logprob, rel_tol=1e-4, abs_tol=1e-4), (mine, theirs)
             assert [i for i, _ in mine.top] == [i for i, _ in theirs.top] and len(mine.top) == spec.top_logprobs
+
+
+def test_two_ranks_speculate_biased_lanes_as_one_rank_decodes(cores, draft_core):
+    # a nudge with a ban, a bias that forces a token, an unbiased lane beside them
+    biases = (((7, 3.0), (11, -100.0)), ((42, 100.0),), ())
+    specs = [RequestSpec(f"b{i}", tuple(p), MAX_TOKENS, top_logprobs=2, logit_bias=bias)
+             for i, (p, bias) in enumerate(zip(PROMPTS, biases))]
+    with running(cores.open(cores.core(QWEN3, 1))) as runtime:  # one rank, plain decoding
+        expected_tokens, expected = logprob_run(runtime, specs)
+    counting = Counting()
+    with running(cores.open(draft_core)) as runtime:
+        counting.wrap(runtime.engine.executor)
+        tokens, logprobs = logprob_run(runtime, specs)
+    assert counting.rounds > 0 and counting.accepted > 0
+    assert all(counting.speculated[spec.request_id] > 0 for spec in specs)  # the biased lanes too
+    assert tokens == expected_tokens and tokens["b1"] == [42] * MAX_TOKENS
+    for spec in specs:
+        for mine, theirs in zip(logprobs[spec.request_id], expected[spec.request_id], strict=True):
+            assert math.isclose(mine.logprob, theirs.logprob, rel_tol=1e-4, abs_tol=1e-4), (mine, theirs)
+            assert [i for i, _ in mine.top] == [i for i, _ in theirs.top]

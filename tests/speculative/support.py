@@ -76,6 +76,7 @@ class Counting:
     accepted: int = 0
     trimmed_rounds: int = 0  # rounds whose ceilings summed above P and whose offers filled P
     operations: Counter = dataclasses.field(default_factory=Counter)
+    speculated: Counter = dataclasses.field(default_factory=Counter)  # request id -> tokens from rounds
     active: bool = True
 
     def wrap(self, executor: Executor) -> None:
@@ -92,6 +93,8 @@ class Counting:
                 self.lanes += len(output.results)
                 self.emitted += sum(len(r.token_ids) for r in output.results)
                 self.accepted += sum(r.accepted_drafts for r in output.results)
+                for row, result in zip(plan.rows, output.results):
+                    self.speculated[row.request_id] += len(result.token_ids)
                 offered = sum(r.offered_tokens for r in output.results)
                 ceilings = sum(row.token_ceiling for row in plan.rows)
                 self.trimmed_rounds += ceilings > plan.variant.packed_token_capacity == offered

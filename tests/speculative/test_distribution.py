@@ -75,7 +75,9 @@ class Rig:
         (record, _) = self.program(
             self.weights, self.k, self.v, self.output_counts, self.prompt_counts, self.table,
             pending, positions, torch.full((LANES,), WIDTH, dtype=torch.int32), torch.arange(LANES),
-            torch.ones(LANES, dtype=torch.int64), seeds, params, self.mask, torch.zeros(1, dtype=torch.int64),
+            torch.ones(LANES, dtype=torch.int64), seeds, params, self.mask,
+            torch.full((LANES, MAX_LOGIT_BIAS), -1, dtype=torch.int64), torch.zeros(LANES, MAX_LOGIT_BIAS),  # no bias
+            torch.zeros(1, dtype=torch.int64),
             torch.zeros(LANES, DRAFTS, dtype=torch.int64), torch.zeros(LANES, dtype=torch.int32),
             torch.full((LANES,), -1), self.dk, self.dv, self.table,
         )

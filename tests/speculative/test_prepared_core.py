@@ -69,6 +69,12 @@ def test_the_core_declares_draft_storage_and_speculative_variants(prepared):
         extents = {(v.batch_capacity, v.token_capacity, v.packed_token_capacity, v.draft_tokens,
                     v.confidence_width, v.lane_limit) for v in declared.variants}
         assert extents == {(4, 1, 4, 0, 0, 1), (4, 4, 8, 3, 3, 4)}
+        # The lanes' logit bias, in the buffers the plain programs read (written at admission).
+        bias = {b.source: (b.buffer, b.indexing) for b in declared.bindings
+                if b.source in (spb.VALUE_SOURCE_LOGIT_BIAS_IDS, spb.VALUE_SOURCE_LOGIT_BIAS_VALUES)}
+        assert bias == {spb.VALUE_SOURCE_LOGIT_BIAS_IDS: ("logit_bias_ids", spb.INDEXING_PHYSICAL_REQUEST_ROW),
+                        spb.VALUE_SOURCE_LOGIT_BIAS_VALUES: ("logit_bias_values", spb.INDEXING_PHYSICAL_REQUEST_ROW)}
+    assert contract.logit_bias_width == 300
     completion = contract.manifest.completion
     assert completion.confidence_buffer == "proposal_confidence"
     assert contract.buffers["proposal_confidence"].shape == (2, 4, 3)

@@ -6,7 +6,7 @@ for log-probabilities; every token a lane emits in a round (accepted proposals a
 correction token) carries the values a plain DECODE step gives the same token. Greedy requests with
 `top_logprobs` on a draft that is the target's first layer (so rounds both accept and reject) give
 the tokens and, within float tolerance, the log-probabilities of the same requests without
-speculation. A lane with a logit bias still decodes plainly (SPECULATIVE programs apply no bias).
+speculation; a lane with a logit bias too (SPECULATIVE programs apply it; test_speculative_logit_bias.py).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def test_speculation_returns_the_logprobs_of_plain_decoding(recipe):
                 assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-4)
 
 
-def test_a_lane_with_a_logit_bias_still_decodes_plainly(recipe):
-    _, _, counting = run(recipe, speculative=True, logit_bias=((7, 1.5),))
-    assert counting.rounds == 0 and counting.operations["DECODE"] > 0
+def test_a_lane_with_a_logit_bias_and_logprobs_speculates_too(recipe):
+    plain_tokens, _, _ = run(recipe, speculative=False, logit_bias=((7, 1.5),))
+    tokens, _, counting = run(recipe, speculative=True, logit_bias=((7, 1.5),))
+    assert counting.rounds > 0 and tokens == plain_tokens

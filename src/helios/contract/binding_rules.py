@@ -63,8 +63,8 @@ _PROMPT_OPS = frozenset(
 )
 _IMAGE_OPS = frozenset({S.GRAPH_OPERATION_PREFILL, S.GRAPH_OPERATION_SCORED_PREFILL, S.GRAPH_OPERATION_MIXED})
 _SPECULATIVE = frozenset({S.GRAPH_OPERATION_SPECULATIVE})
-# Graphs that sample with a request's logit bias (speculative programs take none: biased requests never speculate).
-_BIASED_OPS = _PROMPT_OPS | {S.GRAPH_OPERATION_DECODE}
+# Graphs that sample with a request's logit bias (a SPECULATIVE graph that binds none keeps biased lanes plain).
+_BIASED_OPS = _PROMPT_OPS | {S.GRAPH_OPERATION_DECODE, S.GRAPH_OPERATION_SPECULATIVE}
 # A VISION graph receives only image tensors (and constants); it holds no request lanes.
 VISION_SOURCES = frozenset({S.VALUE_SOURCE_IMAGE_TENSOR, S.VALUE_SOURCE_CONSTANT})
 
@@ -108,6 +108,8 @@ IMAGE_SOURCES = frozenset(
     }
 )
 LENGTH_SOURCES = frozenset({S.VALUE_SOURCE_QUERY_LENGTH, S.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT})
+# A request's logit bias is its ids and their values: a graph binds both or neither.
+LOGIT_BIAS_SOURCES = (S.VALUE_SOURCE_LOGIT_BIAS_IDS, S.VALUE_SOURCE_LOGIT_BIAS_VALUES)
 COPIED_SOURCES = frozenset(
     {
         S.VALUE_SOURCE_COPIED_CANDIDATE_IDS,

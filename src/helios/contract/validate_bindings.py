@@ -10,6 +10,7 @@ from helios.contract.binding_rules import (
     ALLOWED_INDEXING,
     IMAGE_SOURCES,
     LENGTH_SOURCES,
+    LOGIT_BIAS_SOURCES,
     SOURCE_OPERATIONS,
     VISION_SOURCES,
 )
@@ -31,6 +32,7 @@ def check_bindings(graph: spb.GraphContract, path: str, model: spb.ModelContract
         _check_source(graph.operation, binding, item, model)
     if graph.operation == spb.GRAPH_OPERATION_SPECULATIVE:
         _check_length_source(graph, path)
+    _check_logit_bias(graph, path)
 
 
 def _check_source(operation: int, binding: spb.ValueBinding, path: str, model: spb.ModelContract) -> None:
@@ -84,6 +86,16 @@ def _check_length_source(graph: spb.GraphContract, path: str) -> None:
             f"{path}.bindings[{found[1]}].source",
             f"a SPECULATIVE graph binds exactly one length source; bindings[{found[0]}] already is one",
         )
+
+
+def _check_logit_bias(graph: spb.GraphContract, path: str) -> None:
+    """A graph that binds a request's logit-bias ids binds their values too, and the reverse (the
+    runtime then applies a lane's bias in that graph; one without the other could not be applied)."""
+    bound = {b.source for b in graph.bindings}
+    ids, values = (source in bound for source in LOGIT_BIAS_SOURCES)
+    if ids != values:
+        have, missing = (source_label(s) for s in (LOGIT_BIAS_SOURCES if ids else LOGIT_BIAS_SOURCES[::-1]))
+        fail(f"{path}.bindings", f"a graph that binds {have} also binds {missing}; found only {have}")
 
 
 def length_source(graph: spb.GraphContract) -> int | None:

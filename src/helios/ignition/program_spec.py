@@ -35,17 +35,19 @@ A program is called positionally as ``module(weights, *tensors)`` in the order o
 
 SPECULATIVE programs (`helios.ignition.speculative`) have four extents: B rows, W verify tokens per
 lane (pending token included), P packed target tokens, D proposal draws. Their per-lane inputs are
-those of DECODE (``token_ids``: the pending token, ``positions``: its position) plus
-``lane_tokens`` (the lane's exact target length, or with `ProgramOptions.allocates_prefixes` its
-immutable ceiling) and the copied history candidates ``copied_ids`` [B, max(D, 1)],
-``copied_counts``, ``copied_endpoints``. They draw with counters derived from the positions, so they
-take no ``counters``. Outputs: the completion record and, when D > 0, ``proposal_confidence`` [B, D].
+those of DECODE (``token_ids``: the pending token, ``positions``: its position; the logit-bias
+inputs, applied to the draft's and the target's logits at every position) plus ``lane_tokens``
+(the lane's exact target length, or with `ProgramOptions.allocates_prefixes` its immutable ceiling)
+and the copied history candidates ``copied_ids`` [B, max(D, 1)], ``copied_counts``,
+``copied_endpoints``. They draw with counters derived from the positions, so they take no
+``counters``. (Cores prepared before SPECULATIVE programs took the logit-bias inputs keep a lane
+with a bias on plain steps.) Outputs: the completion record and, when D > 0,
+``proposal_confidence`` [B, D].
 A SPECULATIVE token-logprobs variant then adds `LOGPROB_OUTPUTS` of every verify position:
 ``token_logprob`` [B, W] (the emitted token's log-probability at each position, -inf past the
 lane's emitted tokens), ``top_token_ids`` / ``top_token_logprobs`` [B, W, K]: for emitted token j,
 exactly what a DECODE variant returns had the lane decoded tokens 0..j-1 one by one (penalty counts
-include them; the grammar mask applies at position 0 only). SPECULATIVE programs take no logit
-bias, so a lane with one never speculates.
+include them; the grammar mask applies at position 0 only; the lane's bias applies everywhere).
 
 A core with a draft model (`ProgramOptions.draft`) appends the draft's weights (names prefixed
 ``draft.``) to the weight list and gives every program three more inputs, last:
@@ -470,6 +472,9 @@ def _speculative_inputs(arch: Architecture, capacity: Capacity) -> tuple[TensorS
         TensorSpec("seeds", "int64", (rows,)),
         TensorSpec("sampling_params", "float32", (rows, NUM_SAMPLING_PARAMETERS)),
         TensorSpec("grammar_mask", "int32", (rows, -(-arch.vocab_size // 32))),
+        # The lanes' logit bias, as plain programs take it (per request row, written at admission).
+        TensorSpec("logit_bias_ids", "int64", ("request_rows", MAX_LOGIT_BIAS)),
+        TensorSpec("logit_bias_values", "float32", ("request_rows", MAX_LOGIT_BIAS)),
         TensorSpec("submission", "int64", (1,)),
         TensorSpec("copied_ids", "int64", (rows, candidates)),
         TensorSpec("copied_counts", "int32", (rows,)),

@@ -1,10 +1,10 @@
 """SPECULATIVE: one complete captured generation round per call.
 
 1. Proposals: the draft model runs D one-token steps per lane from the pending token, drawing
-   proposal j from its sampling distribution (the lane's own penalties, temperature and filters)
-   at counter ``position + j`` - or taking the request's copied history candidate j where the host
-   supplied one (history drafting), teacher-forcing the draft with it. Confidence j is the draft's
-   plain softmax probability of proposal j.
+   proposal j from its sampling distribution (the lane's own logit bias, penalties, temperature and
+   filters) at counter ``position + j`` - or taking the request's copied history candidate j where
+   the host supplied one (history drafting), teacher-forcing the draft with it. Confidence j is the
+   softmax probability of proposal j under the draft's biased logits.
 2. Lengths: exact host lengths (``lane_tokens`` bound to QUERY_LENGTH), or device allocation of
    causal prefixes within P from the confidence (``lane_tokens`` bound to SPECULATIVE_PREFIX_LIMIT:
    immutable ceilings, ``helios::allocate_prefixes``). Lengths outside the lane limit or the packed
@@ -14,7 +14,11 @@
 3. Verification: the target runs the pending token and each lane's proposals packed into P
    positions; ``helios::verify_proposals`` accepts by rejection sampling against the target's
    sampling weights (greedy lanes: the longest prefix that matches the target's argmax) and emits
-   the accepted proposals plus one corrected or bonus token.
+   the accepted proposals plus one corrected or bonus token. The lane's logit bias
+   (``logit_bias_ids`` / ``logit_bias_values``, per slot, as plain programs take them) is added
+   to the target's logits at every position before penalties, filters and the grammar mask, as
+   plain sampling adds it, so acceptance and the corrected or bonus token follow the biased
+   distribution.
 4. Commit: the draft writes its keys/values of the last accepted input (the pending token when none
    was accepted), so its context covers every consumed token (completion cursor lag 0); output
    counts grow by the emitted tokens; the completion record reports offered (= length), accepted,
@@ -26,7 +30,7 @@ every emitted token and its most probable alternatives (`SpeculativeProgram.emit
 A width-one program (D = 0) draws no proposals: it is DECODE plus the draft's commit step, which
 preserves the draft context for wider rounds. Penalty counts at verification position j include
 proposals 1..j, exactly what ordinary decoding would count had they been emitted, so a draft equal
-to the target reproduces ordinary decoding token for token - sampled lanes too.
+to the target reproduces ordinary decoding token for token - sampled and biased lanes too.
 
 Mutation: target and draft cache planes (in place), output_counts (index_put_ with accumulation).
 """
@@ -47,6 +51,7 @@ from helios.ignition.architecture import Architecture
 from helios.ignition.decoder import PackedStep, decoder_hidden, lm_logits, slot_mapping
 from helios.ignition.draft import DraftStorage, one_token_step, split_weights, step_logits, write_keys
 from helios.ignition.program_spec import Capacity, ProgramOptions, logprob_width, model_weight_layout
+from helios.ignition.tensor_parallel import with_logit_bias
 
 _OPS = torch.ops.helios
 
@@ -71,6 +76,7 @@ class Controls(NamedTuple):
     grammar_mask: torch.Tensor
     prompt_counts: torch.Tensor
     output_counts: torch.Tensor
+    bias: tuple[torch.Tensor, torch.Tensor]  # the lanes' logit-bias ids (-1 pads) and values [B, N]
 
 
 class Proposals(NamedTuple):
@@ -103,12 +109,14 @@ class SpeculativeProgram(torch.nn.Module):
     def forward(
         self, weights: list[torch.Tensor], k_cache, v_cache, output_counts, prompt_counts, page_table,
         token_ids, positions, lane_tokens, request_slots, generations, seeds, sampling_params, grammar_mask,
-        submission, copied_ids, copied_counts, copied_endpoints, draft_k_cache, draft_v_cache, draft_page_table,
+        logit_bias_ids, logit_bias_values, submission, copied_ids, copied_counts, copied_endpoints,
+        draft_k_cache, draft_v_cache, draft_page_table,
     ):
         target_weights, draft_weights = split_weights(self.weight_names, weights)
         lanes = self.lanes(token_ids, positions, lane_tokens, request_slots, generations)
         controls = Controls(seeds, split_sampling_parameters(sampling_params), grammar_mask,
-                            prompt_counts[lanes.slots], output_counts[lanes.slots])
+                            prompt_counts[lanes.slots], output_counts[lanes.slots],
+                            (logit_bias_ids[lanes.slots], logit_bias_values[lanes.slots]))
         draft = DraftStorage(draft_k_cache, draft_v_cache, draft_page_table[lanes.slots])
         proposals = self.propose(draft_weights, draft, lanes, controls, (copied_ids, copied_counts, copied_endpoints))
         lengths = self.lengths(proposals, lanes)
@@ -139,7 +147,7 @@ class SpeculativeProgram(torch.nn.Module):
         for offset in range(self.drafts):
             writable = lanes.active & (offset < lanes.limits)
             step = one_token_step(token, lanes.start + offset, draft.table_rows, writable, self.page_tokens)
-            logits = step_logits(self.draft, weights, draft, step)
+            logits = with_logit_bias(step_logits(self.draft, weights, draft, step), *controls.bias)
             mask_rows = torch.full((rows,), offset == 0, dtype=torch.bool, device=token.device)
             q = self.sampling_weights(logits, controls, counts, controls.grammar_mask, mask_rows)
             drawn = _OPS.draw_weighted(q, controls.seeds, lanes.start + offset + 1, SAMPLE_OFFSET)
@@ -190,6 +198,10 @@ class SpeculativeProgram(torch.nn.Module):
         step, rect = self.packed_step(sequence, lanes.start, lengths, table_rows)
         logits = lm_logits(self.arch, weights, decoder_hidden(self.arch, weights, k_cache, v_cache, step))[rect]
         rows, width, vocab = self.rows, self.width, self.arch.vocab_size
+        # Every verify position samples with its lane's bias, as a plain program's row does (added
+        # to the logits before penalties, filters and the grammar mask; the scores read it too).
+        bias = tuple(values.repeat_interleave(width, dim=0) for values in controls.bias)
+        logits = with_logit_bias(logits, *bias)
         counts_dtype = controls.output_counts.dtype
         drafted = one_hot(proposals.tokens, vocab, counts_dtype).cumsum(dim=1, dtype=counts_dtype)
         before = torch.cat((drafted.new_zeros((rows, 1, vocab)), drafted), dim=1)  # [B, D + 1, V]
@@ -197,7 +209,7 @@ class SpeculativeProgram(torch.nn.Module):
         counts = (controls.output_counts.unsqueeze(1) + before[:, index]).reshape(rows * width, vocab)
         repeated = Controls(controls.seeds, tuple(p.repeat_interleave(width, dim=0) for p in controls.params),
                             controls.grammar_mask.repeat_interleave(width, dim=0),
-                            controls.prompt_counts.repeat_interleave(width, dim=0), counts)
+                            controls.prompt_counts.repeat_interleave(width, dim=0), counts, bias)
         first = (torch.arange(rows * width, device=lengths.device) % width) == 0
         target_weights = self.sampling_weights(logits, repeated, counts, repeated.grammar_mask, first)
         target_weights = target_weights.reshape(rows, width, vocab)
@@ -216,10 +228,11 @@ class SpeculativeProgram(torch.nn.Module):
         token-logprobs variant, see `helios.ignition.program_spec`). Emitted token j is scored under
         the target's distribution at position j (accepted proposal or corrected token alike; a
         correction is drawn from the residual, but its value is the target's): the target's logits
-        there, penalty counts including proposals 0..j-1, the grammar mask at position 0 only (a
-        constrained lane is a single lane, width one) - what a DECODE step would score it under had
-        the lane decoded those tokens one by one, so a request's values do not depend on whether its
-        tokens came from speculation. Positions past a lane's last emitted token score token -1
+        there with the lane's logit bias (plain programs score the biased logits too), penalty
+        counts including proposals 0..j-1, the grammar mask at position 0 only (a constrained lane
+        is a single lane, width one) - what a DECODE step would score it under had the lane decoded
+        those tokens one by one, so a request's values do not depend on whether its tokens came
+        from speculation. Positions past a lane's last emitted token score token -1
         (-inf, as a row that samples nothing)."""
         rows, width = self.rows, self.width
         tokens = torch.cat((emitted, emitted.new_full((rows, width - emitted.shape[1]), -1)), dim=1)

@@ -6,7 +6,9 @@ helios has none and answers 400). Each bias is added to that token's logit befor
 small values nudge the token, -100 all but bans it and 100 all but forces it; the values
 ``logprobs`` reports are those of the biased distribution. Ids outside the sampled vocabulary
 are a 400 naming the id, and so are two keys naming one token (``"05"`` and ``"5"``: the keys are
-distinct strings, the ids are not). A request with a bias never runs speculative programs.
+distinct strings, the ids are not). Speculative programs apply the bias at every drafted and
+verified position, so a request with a bias speculates (on a core prepared before they took the
+bias inputs it decodes plainly).
 """
 
 from __future__ import annotations

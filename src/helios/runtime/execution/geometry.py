@@ -117,9 +117,22 @@ def capacities_for(model: LoadedModel, queue_capacity: int, host_pages: int = 0)
         input_vocab_size=model.prepared.input_range[1], queue_capacity=queue_capacity,
         token_logprobs=logprob_width(model.programs),
         speculative_logprobs=speculates_with_logprobs(model.programs, logprob_width(model.programs)),
+        speculative_logit_bias=speculates_with_logit_bias(model.prepared, model.programs),
         logit_bias_width=model.prepared.logit_bias_width,
         eos_width=model.prepared.eos_width,
     )
+
+
+def speculates_with_logit_bias(prepared: PreparedContract, programs) -> bool:
+    """Whether every loaded SPECULATIVE program (token-logprobs twins too) binds the logit-bias ids
+    and values, and some is loaded: a lane with a bias may then speculate. A core prepared before
+    SPECULATIVE programs took them keeps such lanes on plain steps."""
+    speculative = [p for p in programs if p.speculative is not None]
+    return bool(speculative) and all(
+        set(_LOGIT_BIAS_SOURCES) <= {b.source for b in prepared.graphs[p.graph].bindings} for p in speculative)
+
+
+_LOGIT_BIAS_SOURCES = (spb.VALUE_SOURCE_LOGIT_BIAS_IDS, spb.VALUE_SOURCE_LOGIT_BIAS_VALUES)
 
 
 def logprob_width(programs) -> int:

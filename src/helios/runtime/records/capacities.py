@@ -228,6 +228,7 @@ class Capacities:
     stops: StopLimits = field(default_factory=StopLimits)
     token_logprobs: int = 0  # alternatives the loaded token-logprobs programs return per row (0: none loaded)
     speculative_logprobs: bool = False  # every SPECULATIVE program has a token-logprobs twin
+    speculative_logit_bias: bool = False  # every SPECULATIVE program applies a lane's logit bias
     logit_bias_width: int = 0  # logit-bias entries one request may hold (the programs' input width; 0: none)
     eos_width: int = 0  # EOS ids one request may hold where programs match them on the device (0: any number)
 

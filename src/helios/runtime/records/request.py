@@ -41,8 +41,9 @@ class RequestSpec:
     most probable alternatives: its steps run token-logprobs programs (speculative ones only where
     every SPECULATIVE program has a token-logprobs twin; else it never speculates).
     `sampling` holds its sampling parameters and seed; `logit_bias` (token id, bias) pairs with
-    distinct ids are added to its logits on the device, which speculative programs do not do, so a
-    request with a bias never speculates. `stable_prefix_len`: prompt tokens that later
+    distinct ids are added to its logits on the device (speculative programs add them to the draft's
+    and the target's logits; on a core prepared before they did, a request with a bias decodes
+    plainly). `stable_prefix_len`: prompt tokens that later
     turns of the same conversation render identically (the frontend's prefix-boundary rules; 0:
     none known); where snapshots are the only prefix reuse, the prompt's state is published there
     too, so the next turn restores it. `pinned_seed`: its seed was chosen (the request's, or a

@@ -6,9 +6,10 @@
   decode steps alternate); SCORED_PREFILL for prompts that need scores (alternating with the
   rest); SPECULATIVE instead of DECODE when loaded and enabled, unless a decoding lane asks for
   log-probabilities and the SPECULATIVE programs have no token-logprobs twins (the executor runs
-  DECODE's token-logprobs variant for it, or SPECULATIVE's where it has one), has a logit bias, or
-  the decoding lanes outnumber the widest SPECULATIVE program's rows (and instead of a MIXED step
-  whose waiting head could not be admitted, which holds decoding lanes alone);
+  DECODE's token-logprobs variant for it, or SPECULATIVE's where it has one), has a logit bias and
+  the SPECULATIVE programs apply none (a core prepared before they took one), or the decoding lanes
+  outnumber the widest SPECULATIVE program's rows (and instead of a MIXED step whose waiting head
+  could not be admitted, which holds decoding lanes alone);
 - the lanes, in scheduling order (priority, then submission), within the program's row and
   packed-token capacities and the prefill extent; a prompt longer than what is left of the
   extent is chunked, and one token stays reserved for every later decoding lane;
@@ -226,13 +227,14 @@ class StepBuilder:
         return sum(req.num_tokens_ahead == 1 and not is_scoring(req) for req in self.queues.running) <= rows
 
     def _needs_plain_sampling(self) -> bool:
-        """A decoding lane has a logit bias (speculative programs apply none) or asks for
-        log-probabilities where the SPECULATIVE programs have no token-logprobs twins (the executor
-        runs the twins when they do). Only decoding lanes count, as a SPECULATIVE step holds no
-        other: a request still computing its prompt samples in a prompt step (a long prompt,
-        chunked, once turned every decode step between its chunks into a plain one)."""
-        logprobs_plain = not self.caps.speculative_logprobs
-        return any((req.spec.has_logit_bias or (logprobs_plain and req.spec.top_logprobs is not None))
+        """A decoding lane has a logit bias where the SPECULATIVE programs apply none (a core
+        prepared before they took the bias inputs) or asks for log-probabilities where they have no
+        token-logprobs twins (the executor runs the twins when they do). Only decoding lanes count,
+        as a SPECULATIVE step holds no other: a request still computing its prompt samples in a
+        prompt step (a long prompt, chunked, once turned every decode step between its chunks into
+        a plain one)."""
+        bias_plain, logprobs_plain = not self.caps.speculative_logit_bias, not self.caps.speculative_logprobs
+        return any(((bias_plain and req.spec.has_logit_bias) or (logprobs_plain and req.spec.top_logprobs is not None))
                    and req.num_tokens_ahead == 1 and not is_scoring(req) for req in self.queues.running)
 
     def _prefill_operation(self) -> Operation:
