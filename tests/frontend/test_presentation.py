@@ -118,7 +118,8 @@ def test_deltas_merge_text_of_one_kind_and_attach_tool_fragments_to_their_start(
     [
         (FinishReason.EOS, False, "stop"),
         (FinishReason.EOS, True, "tool_calls"),
-        (FinishReason.STOP, True, "stop"),  # a user stop finishes with stop, earlier calls included
+        (FinishReason.STOP, False, "stop"),
+        (FinishReason.STOP, True, "tool_calls"),  # a user stop after calls: the calls are the answer (vLLM)
         (FinishReason.LENGTH, True, "length"),
         (FinishReason.CANCELLED, False, "cancelled"),
     ],
@@ -165,7 +166,9 @@ def test_include_usage_puts_usage_in_a_final_chunk_without_choices():
     events = parse_sse(stream(head, [OutputStep(None, (ContentDelta("hi"),), False)], final_of(ParseResult("", "hi", (), (), ""))))
     chunks = events[:-1]
     assert all(chunk["usage"] is None for chunk in chunks[:-1])
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+        "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}}
     assert "reused_prompt_tokens" not in chunks[-1]  # unobserved
     for chunk in chunks:
         ChatCompletionChunk.model_validate(chunk)
@@ -252,7 +255,9 @@ def test_golden_json_response_with_observation(qwen, answer):
             "logprobs": None, "finish_reason": "tool_calls", "token_ids": answer, "token_timestamps_ns": stamps,
         }],
         "prompt_token_ids": list(prepared.prompt_token_ids),
-        "usage": {"prompt_tokens": n, "completion_tokens": len(answer), "total_tokens": n + len(answer)},
+        "usage": {"prompt_tokens": n, "completion_tokens": len(answer), "total_tokens": n + len(answer),
+                  "prompt_tokens_details": {"cached_tokens": 2},
+                  "completion_tokens_details": {"reasoning_tokens": final.usage.reasoning_tokens}},
         "reused_prompt_tokens": 2,
         "performance": {"ingress_ns": 3, "enqueue_ns": 50, "reused_prompt_tokens": 2},
     }
@@ -277,7 +282,8 @@ def test_observed_stream_sends_one_metadata_chunk_per_generated_id(qwen, answer,
     deltas = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["delta"]]
     assert all("token_ids" not in choice for choice in deltas)
     usage = {"prompt_tokens": final.usage.prompt_tokens, "completion_tokens": len(answer),
-             "total_tokens": final.usage.total_tokens}
+             "total_tokens": final.usage.total_tokens, "prompt_tokens_details": {"cached_tokens": 2},
+             "completion_tokens_details": {"reasoning_tokens": final.usage.reasoning_tokens}}
     terminal_fields = {"usage": usage, "reused_prompt_tokens": 2,
                        "performance": {"ingress_ns": 3, "enqueue_ns": 50, "reused_prompt_tokens": 2}}
     terminal = chunks[-2] if include_usage else chunks[-1]

@@ -20,9 +20,10 @@ core in this process. Every expectation comes from outside the server:
   observed choice's ``token_ids`` are the continuation so cut, and its log-probability entries one
   per token but an EOS (without stops, which hide entries with their text);
 - the same request streamed with ``include_usage`` reports the usage its JSON body reports;
-- ``reused_prompt_tokens`` (this server's report of the prefix the cache served; it sends no
-  ``prompt_tokens_details``) follows the rule of `helios.runtime.cache.cache_manager`: complete
-  16-token pages of the longest prefix an earlier request committed, never the last prompt token;
+- ``reused_prompt_tokens`` (this server's report of the prefix the cache served, which usage's
+  ``prompt_tokens_details.cached_tokens`` repeats) follows the rule of
+  `helios.runtime.cache.cache_manager`: complete 16-token pages of the longest prefix an earlier
+  request committed, never the last prompt token;
   a later choice of ``n`` reuses all but the last prompt token (on the first choice's pages) or,
   where the first ended before it was admitted, the first's cached pages;
 - /metrics after the workload, as differences from a scrape before it: prompt and generated token
@@ -694,8 +695,13 @@ def check_usage(run: Round, reference: Reference) -> None:
         # a stream without include_usage has none, unless observed (its terminal chunk then has it)
         streamed_without_usage = (request.body.get("stream") and not request.body.get("stream_options")
                                   and not request.body.get("return_token_ids"))
-        run.check(f"usage of {request.key} {request.body}", request.usage,
+        usage = request.usage
+        run.check(f"usage of {request.key} {request.body}", usage and {key: usage[key] for key in expected},
                   None if streamed_without_usage else expected)
+        if usage is not None and request.reused is not None and len(request.prompts) == 1:
+            # the prompt once, as its first choice found the cache: the reuse the server reports
+            run.check(f"cached tokens of {request.key}", usage["prompt_tokens_details"],
+                      {"cached_tokens": request.reused})
         run.check(f"access-log tokens of {request.key}", request.record.totals(),
                   (expected["prompt_tokens"], expected["completion_tokens"]))
         if request.body.get("return_token_ids"):  # the first prompt's at the top, a batch's each on its choices

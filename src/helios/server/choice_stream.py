@@ -21,9 +21,9 @@ from typing import Sequence
 from starlette.types import Receive, Scope, Send
 
 from helios.errors import ExecutionError, HeliosError
-from helios.frontend.responses.output import OutputFinal
+from helios.frontend.responses.output import OutputFinal, Usage
 from helios.frontend.responses.presentation import (
-    _OBJECTS, SSE_DONE, StreamPresenter, _terminal_fields, sse_data, sse_error,
+    _OBJECTS, SSE_DONE, StreamPresenter, _terminal_fields, sse_data, sse_error, usage_body, usage_counts,
 )
 from helios.frontend.responses.step_run import StepRun, runs_of
 from helios.server.bridge import Item
@@ -52,12 +52,16 @@ def response_id(choices: Sequence) -> str:
 
 
 def merged_usage(choices: Sequence, finals: Sequence[OutputFinal]) -> dict:
-    """The usage of several choices: each prompt counted once, every choice's output."""
-    prompts = {choice.prompt_index: final.usage.prompt_tokens for choice, final in zip(choices, finals)}
-    prompt_tokens = sum(prompts.values())
-    completion_tokens = sum(final.usage.completion_tokens for final in finals)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    """The usage of several choices: each prompt counted once, with its cached tokens as its first
+    choice found them (the one that computes the prompt the others share; the JSON body's
+    ``reused_prompt_tokens`` is the first prompt's), and every choice's output and reasoning."""
+    prompts: dict[int, Usage] = {}
+    for choice, final in zip(choices, finals):
+        prompts.setdefault(choice.prompt_index, final.usage)
+    return usage_body(Usage(sum(usage.prompt_tokens for usage in prompts.values()),
+                            sum(final.usage.completion_tokens for final in finals),
+                            sum(usage.cached_tokens for usage in prompts.values()),
+                            sum(final.usage.reasoning_tokens for final in finals)))
 
 
 class ChoiceMailbox:
@@ -104,8 +108,8 @@ class ChoicesPresenter:
         self._is_batch = is_batch(choices)
         self.finals: list[OutputFinal | None] = [None] * len(choices)
         # Continuous usage (`StreamPresenter.continuous_usage`): every chunk carries the response's
-        # usage so far, each prompt once and every choice's output tokens so far (the last chunk's
-        # is the merged usage of the end).
+        # usage so far, each prompt once and every choice's output tokens so far (the chunks of the
+        # last choice's end carry the merged usage of the end, details included).
         self._is_continuous = bool(presenters) and presenters[0].continuous_usage
         self._prompt_lens = {choice.prompt_index: len(choice.prepared.prompt_token_ids) for choice in choices}
         self._num_outputs = [0] * len(choices)
@@ -171,10 +175,9 @@ class ChoicesPresenter:
         return b"".join(parts), True
 
     def _usage_so_far(self) -> dict:
-        prompt_tokens = sum(self._prompt_lens.values())
-        completion_tokens = sum(self._num_outputs)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens}
+        if self._is_over():  # the last choice's end: the final usage, details included
+            return merged_usage(self._choices, self.finals)
+        return usage_counts(sum(self._prompt_lens.values()), sum(self._num_outputs))
 
     def _is_over(self) -> bool:
         return all(final is not None for final in self.finals)

@@ -21,7 +21,8 @@ that prompt's 400, naming ``prompt[i]`` (`named_batch_prompt`), never a partial 
 Choices are numbered prompt by prompt: choice ``j`` of prompt ``i`` has ``index = i * n + j``.
 An observed response (``return_token_ids``) has the first prompt's ``prompt_token_ids`` at the top
 level and, for a batch of several prompts, each choice its own prompt's on the choice.
-Usage counts each prompt once and every choice's output. JSON: one body with every choice (the first
+Usage counts each prompt once (its ``cached_tokens`` as its first choice found the cache) and
+every choice's output (and reasoning tokens). JSON: one body with every choice (the first
 failure instead, as its status, with the other choices cancelled as soon as it arrives). SSE: the choices' chunks
 interleaved as they come, each with its ``index`` and the response's ``id`` (the request's: one id
 for the whole response, as OpenAI and vLLM give, never a choice's), then one usage chunk

@@ -10,6 +10,18 @@ Feeding contract (`delimiters`): ``feed(token_id, text)`` with the text of one o
 generated tokens ending with ``token_id``; a registered delimiter token always ends its feed; EOS
 and stop tokens withheld from presentation are not fed. The events are the same in total for any
 such chunking, and `result()` after `finish()` is identical for all of them.
+
+`num_reasoning_tokens` counts the generated tokens that were reasoning (usage's
+``completion_tokens_details.reasoning_tokens``), read from what the reasoning parser emits for each
+feed (one token's text a feed, as `helios.frontend.responses.output` feeds it; a token without
+text yet, the start of a character a later token completes, is fed ``""``): a token counts when
+its feed emitted only reasoning text, and a token whose feed emitted nothing (text the parser
+holds: a newline that may be the close delimiter's wrapping, the start of an entity or of a
+delimiter spelled in text) counts when the next feed that emits anything emits reasoning text
+first, or, at the end, when the output was still reasoning. So the reasoning delimiters (a repeated
+open delimiter inside reasoning included), harmony headers and controls, and the answer are not
+counted; the tokens between the delimiters are, as vLLM counts them, but for a token whose whole
+text the parser held right before a delimiter (a lone newline before ``</think>``).
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from helios.errors import ContractError
-from helios.frontend.decoding.events import ContentDelta, Event, ParseResult, ResultBuilder
+from helios.frontend.decoding.events import ContentDelta, Event, ParseResult, ReasoningDelta, ResultBuilder
 from helios.frontend.parsers.calls import CallIds
 from helios.frontend.parsers.delimiters import TokenDelimiters
 from helios.frontend.parsers.dsml import dsml_grammar
@@ -78,6 +90,35 @@ def tool_grammar(syntax: OutputSyntax) -> ToolGrammar | None:
     return build(syntax.tools) if build is not None else None
 
 
+class ReasoningCount:
+    """Generated tokens that were reasoning, from the reasoning parser's events of each feed (see the
+    module docstring). Owned by one `OutputPipeline`."""
+
+    def __init__(self) -> None:
+        self.num_tokens = 0
+        self._num_held = 0  # tokens fed since the last feed that emitted anything
+        self._is_reasoning = False  # that feed emitted only reasoning text
+
+    def add(self, events: list[Event], is_token: bool) -> None:
+        """One feed's events (`is_token`: the feed is a generated token's, not text flushed at the end)."""
+        if not events:
+            self._num_held += is_token
+            return
+        if isinstance(events[0], ReasoningDelta):  # the held tokens' text came out as reasoning
+            self.num_tokens += self._num_held
+        self._num_held = 0
+        self._is_reasoning = all(isinstance(event, ReasoningDelta) for event in events)
+        self.num_tokens += is_token and self._is_reasoning
+
+    def finish(self, events: list[Event]) -> None:
+        """The parser's last events: held tokens count when reasoning is still open."""
+        if events:
+            self.add(events, is_token=False)
+        elif self._is_reasoning:
+            self.num_tokens += self._num_held
+        self._num_held = 0
+
+
 class OutputPipeline:
     """Runs ``first`` (reasoning) and feeds its answer text to ``second`` (tools, optional).
 
@@ -89,6 +130,7 @@ class OutputPipeline:
         self._first = first
         self._second = second
         self._builder = ResultBuilder()
+        self._reasoning = ReasoningCount()
         self._finished = False
 
     @classmethod
@@ -120,18 +162,29 @@ class OutputPipeline:
         return cls(first, second)
 
     def feed(self, token_id: int, text: str) -> list[Event]:
+        """`text` ends with generated token `token_id` (a negative id: text no one token ends, flushed
+        at the end or cut by a stop); a token may come without text (the start of a character)."""
         if self._finished:
             raise ValueError("feed after finish")
-        return self._route(token_id, self._first.feed(token_id, text), finishing=False)
+        events = self._first.feed(token_id, text)
+        self._reasoning.add(events, token_id >= 0)
+        return self._route(token_id, events, finishing=False)
 
     def finish(self) -> list[Event]:
         if self._finished:
             return []
         self._finished = True
-        return self._route(-1, self._first.finish(), finishing=True)
+        events = self._first.finish()
+        self._reasoning.finish(events)
+        return self._route(-1, events, finishing=True)
 
     def result(self) -> ParseResult:
         return self._builder.result()
+
+    @property
+    def num_reasoning_tokens(self) -> int:
+        """Generated tokens fed so far that were reasoning (final after `finish`; see the module docstring)."""
+        return self._reasoning.num_tokens
 
     def _route(self, token_id: int, events: list[Event], finishing: bool) -> list[Event]:
         if self._second is not None:

@@ -37,7 +37,8 @@ their output: every fed token is ignored and counts nothing.
 
 `finish(reason, reused_prompt_tokens)` flushes held text (EOS and output limits release an
 unmatched stop prefix) and returns the `OutputFinal`: usage (every token fed counts, including the
-one that crossed a stop), the parse result and the observation record. The grammar matcher is not
+one that crossed a stop; its details: the reused prompt tokens as cached, and the tokens the
+parsers read as reasoning), the parse result and the observation record. The grammar matcher is not
 advanced here: the model worker does that before computing the next mask.
 
 An `OutputProcessor` belongs to one request and is driven by one thread at a time.
@@ -70,10 +71,15 @@ Segment = tuple[int, str]
 
 @dataclass(frozen=True)
 class Usage:
-    """OpenAI usage: prompt tokens and generated tokens (EOS and stop-crossing tokens included)."""
+    """OpenAI usage: prompt tokens and generated tokens (EOS and stop-crossing tokens included), with
+    their details: the prompt tokens served from the prefix cache or a snapshot (the engine's count
+    at first admission, `FinishEvent.num_reused_tokens`) and the generated tokens that were
+    reasoning (`OutputPipeline.num_reasoning_tokens`)."""
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -426,7 +432,8 @@ class OutputProcessor:
         events = self._parse(segments) + self._pipeline.finish()
         if self._is_stopped and reason not in (FinishReason.ERROR, FinishReason.REJECTED):
             reason = FinishReason.STOP
-        usage = Usage(len(self._prompt_token_ids), self._num_tokens)
+        usage = Usage(len(self._prompt_token_ids), self._num_tokens, reused_prompt_tokens,
+                      self._pipeline.num_reasoning_tokens)
         logprobs = tuple(self._logprobs) if self._token_texts is not None else None
         prompt = tuple(self._prompt_entries) if self._prompt_entries is not None else None
         return OutputFinal(tuple(events), reason, usage, self._pipeline.result(), self._record(reused_prompt_tokens),
@@ -458,7 +465,7 @@ class OutputProcessor:
     def _parse(self, segments: list[Segment]) -> list[Event]:
         events: list[Event] = []
         for token_id, text in segments:
-            if text:
+            if text or token_id != NOT_A_TOKEN:  # a token without text yet still counts (reasoning tokens)
                 events.extend(self._pipeline.feed(token_id, text))
         return events
 

@@ -29,9 +29,15 @@ Pure data in, plain dicts and bytes out; the server only writes them. Shapes:
   own, ``delta={}`` or ``text=""``);
   text streams count ``text_offset`` across chunks; a stream that sends no entry (EOS or a stop
   came first) has an empty ``logprobs`` object on its terminal chunk, as the JSON body has;
-- finish reasons: EOS -> ``stop`` (``tool_calls`` when the output made calls), user stop ->
-  ``stop``, output limit -> ``length``, cancellation -> ``cancelled``, a grammar dead end (no token
-  can follow the output, which is incomplete) -> ``grammar_dead_end``, a grammar limit (llguidance
+- usage (`usage_body`): ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and, as OpenAI
+  always sends them, ``prompt_tokens_details.cached_tokens`` (prompt tokens the prefix cache or a
+  snapshot served: the engine's count, as ``reused_prompt_tokens``) and
+  ``completion_tokens_details.reasoning_tokens`` (output tokens inside reasoning; 0 for text
+  completions, which parse no reasoning); continuous-usage chunks carry the three counts, the
+  terminal one the final usage whole;
+- finish reasons: EOS and a user stop (string or token) -> ``stop`` (``tool_calls`` when the output
+  made calls, as vLLM answers), output limit -> ``length``, cancellation -> ``cancelled``, a grammar
+  dead end (no token can follow the output, which is incomplete) -> ``grammar_dead_end``, a grammar limit (llguidance
   refused to go on past the output, `helios.runtime.feedback`) -> ``grammar_limit``. Execution
   failure and admission rejection are errors, not finish reasons (`failure_error` gives their typed error):
   `error_body` for JSON (the status is the error class's), `sse_error` once the SSE headers are out: one ``event: error`` with an
@@ -99,21 +105,31 @@ class ResponseHead:
 
 
 def finish_reason(final: OutputFinal) -> str:
-    """The OpenAI finish reason; ValueError for endings that are errors."""
+    """The OpenAI finish reason; ValueError for endings that are errors. An output that ends by
+    itself (EOS, or a client's stop string or stop token, as vLLM reads a stop) and made tool calls
+    ends with ``tool_calls``: the calls are the answer; a cut (``length``, a grammar's end, a
+    cancellation) keeps its reason."""
     reason = _FINISH_REASONS.get(final.reason)
     if reason is None:
         raise ValueError(f"{final.reason.name} ends a response with an error, not a finish reason")
-    if final.reason is FinishReason.EOS and final.result.tool_calls:
+    if final.reason in (FinishReason.EOS, FinishReason.STOP) and final.result.tool_calls:
         return "tool_calls"
     return reason
 
 
+def usage_counts(prompt_tokens: int, completion_tokens: int) -> dict:
+    """The three counts of OpenAI's usage object (a continuous-usage chunk's whole usage)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
 def usage_body(usage: Usage) -> dict:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-    }
+    """OpenAI's usage object, with the details OpenAI always sends that Helios counts: the prompt
+    tokens the prefix cache (or a snapshot) served and the output tokens that were reasoning."""
+    body = usage_counts(usage.prompt_tokens, usage.completion_tokens)
+    body["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    body["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    return body
 
 
 def _terminal_fields(final: OutputFinal) -> dict:
@@ -282,12 +298,15 @@ class StreamPresenter:
     def __init__(self, head: ResponseHead):
         """With `ResponseOptions.continuous_usage` (vLLM's ``stream_options.continuous_usage_stats``,
         with include_usage only) every chunk's ``usage`` is the usage so far (the prompt, and the
-        output tokens usage counts up to that chunk's), not null; the last equals the final usage.
-        Its chunks are encoded whole (no `ChunkTemplate`, whose tail is a constant)."""
+        output tokens usage counts up to that chunk's), not null: its three counts, as vLLM sends
+        them, and on the terminal chunk the final usage, details included (the cached prompt tokens
+        are known only at the end). Its chunks are encoded whole (no `ChunkTemplate`, whose tail is
+        a constant)."""
         self._head = head
         self._is_chat = head.kind is ResponseKind.CHAT
         self.continuous_usage = head.options.continuous_usage and head.options.include_usage
         self._num_output_tokens = 0  # continuous usage: output tokens of the chunks made so far
+        self._final_usage: Usage | None = None  # continuous usage: the final usage, once it is known
         self._has_sent_first = False
         self._text_offsets = TextOffsets()  # text streams: where the scored tokens sent so far end
         self._num_entries_sent = 0  # output log-probability entries sent so far
@@ -368,6 +387,9 @@ class StreamPresenter:
             # An observed output without a token (``max_tokens: 0``): no id chunk was sent; the
             # empty lists, as the JSON body has, not none.
             terminal["choices"][0].update(_token_fields(final.observation))
+        if self.continuous_usage:
+            self._final_usage = final.usage
+            terminal["usage"] = self._usage_so_far()
         chunks.append(terminal)
         if self._head.options.include_usage:
             usage_chunk = self._chunk([])
@@ -455,4 +477,6 @@ class StreamPresenter:
         return chunk
 
     def _usage_so_far(self) -> dict:
-        return usage_body(Usage(len(self._head.prompt_token_ids), self._num_output_tokens))
+        if self._final_usage is not None:
+            return usage_body(self._final_usage)
+        return usage_counts(len(self._head.prompt_token_ids), self._num_output_tokens)
