@@ -73,7 +73,9 @@ def test_every_command_says_what_it_does_and_every_option_has_help_and_a_metavar
             takes_value = action.nargs != 0 and not isinstance(action, argparse.BooleanOptionalAction)
             if action.option_strings and takes_value and action.metavar is None and action.choices is None:
                 missing.append(f"{label}: no metavar")
-            stated = action.default not in (None, False, True, [], (), argparse.SUPPRESS)
+            # by identity: a default of 0 (== False) is stated too (--host-pages' was not)
+            stated = not any(action.default is unstated for unstated in (None, False, True, argparse.SUPPRESS)) \
+                and action.default not in ([], ())
             if stated and "default" not in (action.help or ""):
                 missing.append(f"{label}: default {action.default!r} not stated")
     assert not missing, missing

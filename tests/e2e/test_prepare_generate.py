@@ -170,7 +170,8 @@ def test_prepare_rejects_prefill_chunks_outside_the_prefill_extent(prepared, tmp
     code = main(["prepare", str(checkpoint), "-o", str(tmp_path / "bad.core"), "--key", str(key), "--namespace",
                  NAMESPACE, "--prefill-tokens", "32", "--prefill-chunks", "32"])
     err = capsys.readouterr().err
-    assert code != 0 and "prefill chunks" in err and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err
+    assert "--prefill-chunks must each be smaller than the prefill tokens (32, --prefill-tokens)" in err
 
 
 def test_serving_below_the_largest_batch_keeps_every_token_capacity_of_the_next_one(prepared):

@@ -154,14 +154,18 @@ def trusted_keys_from_args(args: argparse.Namespace) -> TrustedKeys:
         return TrustedKeys.from_paths(paths, load=load_public_key_file)
 
 
-def refuse_trust_without_core(args: argparse.Namespace) -> None:
-    """`--trust` given to a command that uses the embedded default model (no core file named) is
-    refused (exit 2): that core is verified with its own key, so the keys given would be ignored
-    while the operator believes the model checked against them. `$HELIOS_TRUST`, a default for
-    every command rather than a request of this one, is not refused."""
+def refuse_core_keys_without_core(args: argparse.Namespace) -> None:
+    """`--trust` or `--aes-key` given to a command that uses the embedded default model (no core
+    file named) is refused (exit 2): that core is verified with its own key and prepared unsealed
+    on first use, so the keys given would be ignored while the operator believes the model checked
+    against them, or a sealed core opened with theirs. `$HELIOS_TRUST`, a default for every command
+    rather than a request of this one, is not refused."""
     if args.trust:
         raise UsageError("--trust names the keys a core file is verified with; no core file is given, and the "
                          "embedded default model is verified with its own key (name MODEL.core to use --trust)")
+    if getattr(args, "aes_key", None):
+        raise UsageError("--aes-key opens a sealed (version 4) core file; no core file is given, and the embedded "
+                         "default model is not sealed (name MODEL.core to use --aes-key)")
 
 
 def load_aes_key(path: os.PathLike | str) -> bytes:

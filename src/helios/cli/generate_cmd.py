@@ -31,21 +31,20 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from helios.cli.core_options import add_core_options, aes_key_from_args, open_core_from_args, refuse_trust_without_core
+from helios.cli.core_options import add_core_options, open_core_from_args, refuse_core_keys_without_core
 from helios.cli.rank_options import add_rank_options, rank_options_from_args
 from helios.cli.termination import Terminated, terminate_as_exception
 from helios.core.reader import open_core
 from helios.errors import LoadError, UsageError
 from helios.frontend.decoding.detokenize import IncrementalDetokenizer
 from helios.frontend.preparation.template import ChatTemplate
-from helios.cli.runtime_flags import MAX_COUNT, add_runtime_flags, runtime_flags
+from helios.cli.runtime_flags import MAX_COUNT, add_runtime_flags, check_startup_flags, runtime_flags
 from helios.contract import StartupOptions
 from helios.frontend.decoding.text_bounds import is_unicode_text
 from helios.runtime.loading.model import resource_of_kind
-from helios.runtime.engine import EngineRequest
-from helios.runtime.offline import Generation
-from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
-from helios.runtime.records.request import RequestSpec
+from helios.runtime import offline
+from helios.runtime.offline import Generation, OfflineOutputs
+from helios.runtime.records.events import FinishReason
 from helios.runtime.records.sampling_params import SamplingParams, signed_seed
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.heap import frozen_heap
@@ -199,8 +198,7 @@ def _open(args: argparse.Namespace):
 
     embedded = embedded_core()
     args.chat = True
-    return open_core(embedded.path, accept=args.accept or embedded.namespace,
-                     trusted_keys=[embedded.public_key], aes_key=aes_key_from_args(args))
+    return open_core(embedded.path, accept=args.accept or embedded.namespace, trusted_keys=[embedded.public_key])
 
 
 def _check_sampling_options(args: argparse.Namespace) -> None:
@@ -225,11 +223,12 @@ def run(args: argparse.Namespace) -> int:
     load, policy, host_pages = runtime_flags(args, StartupOptions(), args.device)
     _split_core_and_prompts(args)
     if args.core is None:
-        refuse_trust_without_core(args)
+        refuse_core_keys_without_core(args)
     if args.prompt_ids:
         _parsed_prompt_ids(args.prompt_ids)  # checked before the core is opened
     options = RuntimeOptions(load, policy=policy, host_pages=host_pages, ranks=rank_options_from_args(args))
     core = _open(args)
+    check_startup_flags(core.prepared, load.startup)
     tokenizer, template = _tokenizer_and_template(core)
     template_tokens = {t.name: t.text for t in core.prepared.contract.defaults.template_tokens}
     args.prompt_token_ids = _prompt_ids(args, tokenizer, template, template_tokens)
@@ -337,35 +336,16 @@ def _say(line: str) -> None:
 
 def _run_batch(engine, prompts: list[list[int]], limits: list[int], eos, sampling: SamplingParams,
                ) -> tuple[list[Generation], BaseException | None]:
-    """Runs every prompt as one request (as `helios.runtime.offline.generate` does, each with its
-    seed pinned) until all end, or until SIGINT or SIGTERM (`Terminated` inside) stops the run: then
-    the second value is that stop, and a prompt that had not ended is its tokens so far, CANCELLED
-    (what the engine's shutdown, later, ends it with). The outputs are kept here, outside the
-    engine's run, so that an interrupted batch still has them; the engine is left to `runtime.close`."""
-    tokens: list[list[int]] = [[] for _ in prompts]
-    ends: list[FinishEvent | None] = [None] * len(prompts)
-
-    def recorder(index: int):
-        def record(event) -> None:
-            if isinstance(event, TokenEvent):
-                tokens[index].extend(event.token_ids)
-            else:
-                ends[index] = event
-        return record
-
+    """Runs every prompt as one request (`helios.runtime.offline.generate`, each with its seed
+    pinned) until all end, or until SIGINT or SIGTERM (`Terminated` inside) stops the run: then the
+    second value is that stop, and a prompt that had not ended is its tokens so far, CANCELLED. The
+    outputs are kept here (`OfflineOutputs`), outside the engine's run, so that an interrupted batch
+    still has them; the engine is left to `runtime.close`."""
+    outputs = OfflineOutputs(prompts)
     stop = None
     try:
         with terminate_as_exception():
-            for index, (prompt, limit) in enumerate(zip(prompts, limits)):
-                spec = RequestSpec(f"offline-{index}", tuple(prompt), limit, frozenset(eos), sampling=sampling,
-                                   pinned_seed=True)
-                engine.submit(EngineRequest(spec, recorder(index)))
-            engine.run_until_idle()
+            offline.generate(engine, prompts, limits, eos, sampling, pinned_seed=True, outputs=outputs)
     except (KeyboardInterrupt, Terminated) as error:
         stop = error
-    results = [
-        Generation(tuple(t), end.reason, end.num_prompt_tokens, end.message) if end is not None
-        else Generation(tuple(t), FinishReason.CANCELLED, len(prompt), "interrupted before it finished")
-        for prompt, t, end in zip(prompts, tokens, ends)
-    ]
-    return results, stop  # a copy: what the shutdown's wind-down records later is not among them
+    return outputs.generations(), stop  # a copy: what the shutdown's wind-down records later is not among them

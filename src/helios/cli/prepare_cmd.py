@@ -14,22 +14,31 @@ from helios.cli.core_options import check_output_path, check_room_beside, load_p
 from helios.cli.termination import terminate_as_exception
 from helios.core.keys import check_namespace
 from helios.errors import UsageError
-from helios.ignition.export import CapacityPlan, PrepareOptions, prepare_core
+from helios.ignition.export import (
+    MAX_CONTEXT_TOKENS, MAX_PAGE_TOKENS, MAX_PAGES, CapacityPlan, PrepareOptions, prepare_core,
+)
+from helios.ignition.program_spec import MAX_BATCH_CAPACITY, MAX_VERIFY_TOKENS
 from helios.ignition.speculative_plan import SpeculativePlan
 
 
 # --prefill-tokens when not given: a smaller --context-tokens lowers it to the context (a prefill
 # step never holds more than one request's context), rather than failing on a value never set.
 DEFAULT_PREFILL_TOKENS = 256
+# --page-tokens when not given: a smaller --context-tokens lowers it to the largest power of two
+# within the context (`--context-tokens 8` failed on the default, "page_tokens 16 exceeds
+# context_tokens"); a power of two, as the default is, still divides a compressed cache's records.
+DEFAULT_PAGE_TOKENS = 16
 
 
 def _batches(text: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers (batch capacities, token capacities, widths:
+    argparse names the option before the message)."""
     try:
         values = tuple(int(part) for part in text.split(",") if part)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError("batch capacities must be positive")
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
 
 
@@ -54,7 +63,9 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="weight dtype (default: the checkpoint's)")
     parser.add_argument("--license", default="", metavar="TEXT",
                         help="license terms recorded in the signed payload (default: none)")
-    parser.add_argument("--page-tokens", type=int, default=16, metavar="N", help="tokens per cache page (default 16)")
+    parser.add_argument("--page-tokens", type=int, metavar="N",
+                        help=f"tokens per cache page (default {DEFAULT_PAGE_TOKENS}, or the largest power of two "
+                        "within the context if --context-tokens is smaller)")
     parser.add_argument("--context-tokens", type=int, default=2048, metavar="N", help="largest prompt+output per request (default 2048)")
     parser.add_argument("--prefill-tokens", type=int, metavar="N",
                         help=f"prompt tokens per prefill step (default {DEFAULT_PREFILL_TOKENS}, or the "
@@ -104,10 +115,63 @@ def _speculative_plan(args: argparse.Namespace) -> SpeculativePlan | None:
     draft = Path(args.draft)
     if not draft.is_dir():
         raise UsageError(f"{draft} is not a checkpoint directory")
+    _check_most("--speculative-widths", args.speculative_widths, MAX_VERIFY_TOKENS)
+    _check_most("--speculative-batches", args.speculative_batches, MAX_BATCH_CAPACITY)
+    if args.draft_tokens is not None and not 1 <= args.draft_tokens <= MAX_VERIFY_TOKENS:
+        raise UsageError(f"--draft-tokens must be in 1..{MAX_VERIFY_TOKENS}")
+    if args.packed_per_lane is not None and args.packed_per_lane < 1:
+        raise UsageError("--packed-per-lane must be positive")
     widths = args.speculative_widths or SpeculativePlan.widths  # the dataclass's default, (1, 4)
     return SpeculativePlan(draft, widths=widths, batches=args.speculative_batches,
                            draft_tokens=args.draft_tokens, allocate_prefixes=args.allocate_prefixes,
                            packed_per_lane=args.packed_per_lane)
+
+
+def _token_extents(args: argparse.Namespace) -> tuple[int, int]:
+    """(page tokens, prefill tokens): the options given, else their defaults fitted to the context;
+    each capacity option checked against its bounds here, before the checkpoint is read, so that a
+    mistake is refused naming the option given (`CapacityPlan` names its own fields, which no
+    option spells: "prefill_tokens", "page_tokens")."""
+    context = args.context_tokens
+    if not 1 <= context <= MAX_CONTEXT_TOKENS:
+        raise UsageError(f"--context-tokens must be in 1..{MAX_CONTEXT_TOKENS}")
+    page = args.page_tokens
+    if page is None:
+        page = min(DEFAULT_PAGE_TOKENS, 1 << (context.bit_length() - 1))
+    elif not 1 <= page <= MAX_PAGE_TOKENS:
+        raise UsageError(f"--page-tokens must be in 1..{MAX_PAGE_TOKENS}")
+    elif page > context:
+        raise UsageError(f"--page-tokens {page} exceeds --context-tokens {context}: a page holds at most one "
+                         f"request's context")
+    prefill = args.prefill_tokens
+    if prefill is None:
+        prefill = min(DEFAULT_PREFILL_TOKENS, context)
+    elif not 1 <= prefill <= context:
+        raise UsageError(f"--prefill-tokens must be in 1..{context} (--context-tokens): a prefill step holds at "
+                         f"most one request's context")
+    if any(chunk >= prefill for chunk in args.prefill_chunks):
+        raise UsageError(f"--prefill-chunks must each be smaller than the prefill tokens ({prefill}, "
+                         f"--prefill-tokens), got {','.join(map(str, args.prefill_chunks))}")
+    _check_most("--decode-batches", args.decode_batches, MAX_BATCH_CAPACITY)
+    if -(-context // page) * max(args.decode_batches) > MAX_PAGES:
+        raise UsageError(f"--context-tokens {context} in pages of {page} tokens (--page-tokens) for "
+                         f"{max(args.decode_batches)} requests (--decode-batches) exceed {MAX_PAGES} cache pages")
+    return page, prefill
+
+
+def _check_most(option: str, values: tuple[int, ...] | None, largest: int) -> None:
+    """A list option's values (positive: `_batches`) against their largest, naming the option."""
+    if values and max(values) > largest:
+        raise UsageError(f"{option} must each be at most {largest}, got {max(values)}")
+
+
+def _check_frontend_facts(args: argparse.Namespace) -> None:
+    """A --frontend key stated twice with two values is refused: the last one won, the other
+    dropped without a word (the same value twice is the same statement)."""
+    stated: dict[str, str] = {}
+    for key, value in args.frontend:
+        if stated.setdefault(key, value) != value:
+            raise UsageError(f"--frontend states {key} twice, as {stated[key]!r} and {value!r}; state it once")
 
 
 def _check_signed_text(args: argparse.Namespace) -> None:
@@ -146,6 +210,7 @@ def _has_control(text: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     checkpoint, output = Path(args.checkpoint), Path(args.output)
     _check_signed_text(args)
+    _check_frontend_facts(args)
     if not checkpoint.is_dir():
         raise UsageError(f"{checkpoint} is not a checkpoint directory")
     # Refused before minutes of capture: the core is written as a temporary file beside `output`.
@@ -160,11 +225,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"-o {args.output} would replace a file of the checkpoint {source}")
     check_room_beside("-o", output)
     key = load_private_key(args.key)
-    prefill_tokens = args.prefill_tokens
-    if prefill_tokens is None:
-        prefill_tokens = min(DEFAULT_PREFILL_TOKENS, args.context_tokens)
+    page_tokens, prefill_tokens = _token_extents(args)
     plan = CapacityPlan(
-        page_tokens=args.page_tokens, context_tokens=args.context_tokens, prefill_tokens=prefill_tokens,
+        page_tokens=page_tokens, context_tokens=args.context_tokens, prefill_tokens=prefill_tokens,
         decode_batches=args.decode_batches, mixed=not args.no_mixed, scored_prefill=args.scored_prefill,
         token_logprobs=not args.no_logprobs,
         speculative=_speculative_plan(args), prefill_chunks=args.prefill_chunks,

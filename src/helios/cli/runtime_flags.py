@@ -51,7 +51,8 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--snapshot-capacity", type=int, metavar="N",
                        help="continuation rows for snapshots at exact endpoints (default: the core's)")
     group.add_argument("--speculative-width", type=int, metavar="W",
-                       help="speculative width among the core's prepared widths; 1 disables speculation")
+                       help="speculative width among the core's prepared widths; 1 disables speculation "
+                       "(default: the core's)")
     drafting = group.add_mutually_exclusive_group()
     drafting.add_argument("--history-drafting", dest="history_drafting", action="store_true", default=None,
                           help="draft proposals from each request's own history")
@@ -60,7 +61,8 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--preemption", choices=sorted(_PREEMPTION), default="recompute",
                        help="what a preempted request keeps: recompute (default) or offload to host slots")
     group.add_argument("--host-pages", type=int, default=0, metavar="N",
-                       help="host-memory slots for offloaded pages and state (needed by --preemption offload)")
+                       help="host-memory slots for offloaded pages and state (needed by --preemption offload; "
+                       "default 0: none)")
     group.add_argument("--image-cache-images", type=int, metavar="N",
                        help="vision-language cores: images whose encoded features stay on the device for reuse by "
                        f"content hash, allocated at load (default {DEFAULT_CACHED_IMAGES}, fewer when their slots of "
@@ -82,6 +84,30 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-logprobs", dest="token_logprobs", action="store_false", default=None,
                        help="do not load the core's token-logprobs programs (a faster start; requests for "
                        "log-probabilities are refused)")
+
+
+# The contract paths of the startup options (`helios.contract.resolve_settings`) and the flags of
+# `serve` and `generate` that set them.
+_STARTUP_FLAGS = {
+    "startup.context_tokens": "--context-tokens", "startup.max_concurrency": "--max-active",
+    "startup.snapshot_capacity": "--snapshot-capacity", "startup.speculative_width": "--speculative-width",
+    "startup.history_drafting": "--history-drafting",
+}
+
+
+def check_startup_flags(prepared, startup: StartupOptions) -> None:
+    """The startup options against the core's contract (`prepared`), once it is open and before the
+    load: a value the core cannot honour is refused naming the flag given, where the contract's
+    check names its own path (``startup.context_tokens: 100000 is outside the prepared range``),
+    which no flag spells."""
+    from helios.contract import StartupOptionError, resolve_settings
+
+    try:
+        resolve_settings(prepared, startup)
+    except StartupOptionError as error:
+        if error.path not in _STARTUP_FLAGS:
+            raise
+        raise StartupOptionError(_STARTUP_FLAGS[error.path], error.reason) from None
 
 
 def _stderr(line: str) -> None:

@@ -15,8 +15,9 @@ import time
 import torch
 
 from helios.cli import serve_order
-from helios.cli.core_options import aes_key_from_args, open_core_from_args, refuse_trust_without_core
+from helios.cli.core_options import open_core_from_args, refuse_core_keys_without_core
 from helios.cli.main import printable_line
+from helios.cli.runtime_flags import check_startup_flags
 from helios.contract import resolve_settings
 from helios.core.reader import Core, open_core
 from helios.errors import UsageError
@@ -67,14 +68,13 @@ def _open(args: argparse.Namespace) -> tuple[Core, CoreSource]:
             raise UsageError("--accept NAMESPACE is required to serve a core file")
         core = open_core_from_args(args, args.core)  # its errors first (the trusted keys, the core)
         return core, dataclasses.replace(serve_order.core_source(args), body_sha256=core.body_sha256)
-    refuse_trust_without_core(args)  # the embedded model is verified with its own key
+    refuse_core_keys_without_core(args)  # the embedded model is verified with its own key, and not sealed
     from helios.embedded.prepared import embedded_core
 
     embedded = embedded_core()
     accept = args.accept or embedded.namespace
-    core = open_core(embedded.path, accept=accept, trusted_keys=[embedded.public_key], aes_key=aes_key_from_args(args))
-    return core, CoreSource(str(embedded.path), accept, (str(embedded.public_key),), aes_key_from_args(args),
-                            core.body_sha256)
+    core = open_core(embedded.path, accept=accept, trusted_keys=[embedded.public_key])
+    return core, CoreSource(str(embedded.path), accept, (str(embedded.public_key),), None, core.body_sha256)
 
 
 class _StopSignal(BaseException):
@@ -136,6 +136,7 @@ def _start(args: argparse.Namespace, runtime_options: RuntimeOptions, spawned: E
     try:
         with _stop_signals_unwind() as received:
             core, source = _open(args)
+            check_startup_flags(core.prepared, runtime_options.load.startup)  # before the load, naming the flags
             mark("serve: core verified")
             _progress(args, f"loading {core.path} on {args.device}")
             if spawned is None:

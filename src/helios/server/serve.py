@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import logging
 import os
 import signal
@@ -182,8 +183,8 @@ def bind(host: str, port: int) -> socket.socket:
         raise ListenError(f"cannot listen on {shown}:{port}: {reason}") from None
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if family == socket.AF_INET6:  # an IPv4-mapped address (::ffff:127.0.0.1) is an IPv4 one: binds only dual
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if _is_ipv4_mapped(sockaddr[0]) else 1)
         _bind_exclusively(sock, (sockaddr[0], port, *sockaddr[2:]))
     except (OSError, OverflowError) as error:
         sock.close()
@@ -198,6 +199,16 @@ def _is_ipv6_literal(text: str) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def _is_ipv4_mapped(address: str) -> bool:
+    """Whether the IPv6 `address` is an IPv4-mapped one (``::ffff:127.0.0.1``): Linux binds it only
+    on a socket that takes IPv4 too (IPV6_V6ONLY off; with it on, EINVAL), where it listens for that
+    IPv4 address's connections, as the address says."""
+    try:
+        return ipaddress.IPv6Address(address.partition("%")[0]).ipv4_mapped is not None
+    except ValueError:
+        return False
 
 
 def _resolve(address: str) -> tuple[int, tuple]:
