@@ -1,21 +1,25 @@
-"""What log-probabilities cost under speculation: SPECULATIVE programs' token-logprobs twins against
-plain speculation and against plain decoding with log-probabilities (what a logprobs lane did before
-the twins existed: its whole cohort decoded plainly), same process, same weights, captured programs.
+"""What log-probabilities and logit bias cost under speculation: SPECULATIVE programs' token-logprobs
+twins and their bias inputs against plain speculation and against plain decoding with the same
+requests (what such a lane did before: its whole cohort decoded plainly), same process, same
+weights, captured programs.
 
 Writes a random Llama-shaped bf16 checkpoint (`bench/random_llama.py`: 8B layer shapes and the
 128,256-token vocabulary, whose full-vocabulary log-softmax and sort the twins run for every verified
 position; `--layers` of them) and prepares one core with itself as draft (widths 1 and W, so every
 greedy draft is accepted and each round emits W tokens) and token-logprobs variants. Loads it twice:
 with speculation, and with `SchedulerPolicy(speculative=False)` (plain decoding). For each batch, the
-same greedy workload runs four ways, alternating, best of `--repeats`:
+same greedy workload runs six ways, alternating, best of `--repeats`:
 
-    plain            plain decoding, no log-probabilities
+    plain            plain decoding
     plain+logprobs   plain decoding, `top_logprobs` K (the DECODE token-logprobs programs)
-    spec             speculative rounds, no log-probabilities
+    plain+bias       plain decoding, every request with a logit bias (a nudge and a ban)
+    spec             speculative rounds
     spec+logprobs    speculative rounds through the SPECULATIVE twins, `top_logprobs` K
+    spec+bias        speculative rounds, every request with that bias
 
-and prints output tokens per second with ratios: spec+logprobs / spec (the twins' cost) and
-spec+logprobs / plain+logprobs (what the twins gain over decoding such lanes plainly). Every
+and prints output tokens per second with ratios: spec+logprobs / spec (the twins' cost),
+spec+logprobs / plain+logprobs (what the twins gain over decoding such lanes plainly), and the
+same two for the bias. Every
 configuration's tokens are compared with plain decoding's (greedy; bf16 products of other shapes may
 flip a near tie, so the differing requests are counted, not refused). `--smoke` runs a tiny shape on
 the CPU (the script's own check).
@@ -54,11 +58,12 @@ from speculative.support import Counting  # noqa: E402
 
 NAMESPACE = "bench/speculative-logprobs"
 PROMPT_TOKENS = 64
+BIAS = ((7, 3.0), (11, -100.0))  # a nudge and a ban
 SMOKE = LlamaShape(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
                    vocab_size=512, max_position_embeddings=1024)
 
 
-def run(engine, prompts, tokens: int, top: int | None) -> list[list[int]]:
+def run(engine, prompts, tokens: int, top: int | None, bias=()) -> list[list[int]]:
     """Every prompt submitted before the first step, run to completion; each prompt's tokens."""
     outputs: dict[str, list[int]] = {}
 
@@ -69,7 +74,8 @@ def run(engine, prompts, tokens: int, top: int | None) -> list[list[int]]:
     for index, prompt in enumerate(prompts):
         request_id = f"bench-{index}"
         outputs[request_id] = []
-        engine.submit(EngineRequest(RequestSpec(request_id, tuple(prompt), tokens, top_logprobs=top), record))
+        engine.submit(EngineRequest(RequestSpec(request_id, tuple(prompt), tokens, top_logprobs=top,
+                                                 logit_bias=bias), record))
     engine.run_until_idle()
     return [outputs[f"bench-{index}"] for index in range(len(prompts))]
 
@@ -114,41 +120,45 @@ def main() -> None:
             opened = open_core(root / "model.core", accept=NAMESPACE, trusted_keys=[key.public])
             runtimes[name] = build_runtime(opened, RuntimeOptions(load=load, policy=policy))
         generator = torch.Generator().manual_seed(0)
-        configs = (("plain", "plain", None), ("plain+logprobs", "plain", args.top),
-                   ("spec", "spec", None), ("spec+logprobs", "spec", args.top))
+        configs = (("plain", "plain", None, ()), ("plain+logprobs", "plain", args.top, ()),
+                   ("plain+bias", "plain", None, BIAS), ("spec", "spec", None, ()),
+                   ("spec+logprobs", "spec", args.top, ()), ("spec+bias", "spec", None, BIAS))
         for batch in args.batches:
             prompts = torch.randint(3, 300, (batch, PROMPT_TOKENS), generator=generator).tolist()
             for runtime in runtimes.values():
                 run(runtime.engine, prompts, 8, None)  # warm-up
                 run(runtime.engine, prompts, 8, args.top)
-            best = dict.fromkeys(label for label, _, _ in configs)
+                run(runtime.engine, prompts, 8, None, BIAS)
+            best = dict.fromkeys(label for label, *_ in configs)
             rounds: dict[str, float] = {}
-            expected = None
+            expected: dict[bool, list] = {}
             differing: dict[str, int] = {}
             for repeat in range(args.repeats):
-                for label, name, top in configs:
+                for label, name, top, bias in configs:
                     engine = runtimes[name].engine
                     counting = Counting()
                     counting.wrap(engine.executor)
                     synchronize(device)
                     started = time.perf_counter()
-                    outputs = run(engine, prompts, args.tokens, top)
+                    outputs = run(engine, prompts, args.tokens, top, bias)
                     synchronize(device)
                     elapsed = time.perf_counter() - started
                     counting.stop()
                     del engine.executor.finish  # the executor's own finish again
-                    expected = outputs if expected is None else expected
-                    differing[label] = sum(a != b for a, b in zip(outputs, expected))
+                    reference = expected.setdefault(bool(bias), outputs)  # plain's (biased: plain+bias's)
+                    differing[label] = sum(a != b for a, b in zip(outputs, reference))
                     rate = sum(map(len, outputs)) / elapsed
                     best[label] = max(best[label] or 0.0, rate)
                     rounds[label] = counting.rounds
             print(f"batch {batch}, {args.tokens} greedy tokens per request, top_logprobs {args.top}:", flush=True)
-            for label, _, _ in configs:
+            for label, *_ in configs:
                 print(f"  {label:<16} {best[label]:10.1f} tok/s   speculative rounds {rounds[label]:6.0f}   "
-                      f"requests whose tokens differ from plain: {differing[label]}")
+                      f"requests whose tokens differ from plain's: {differing[label]}")
             print(f"  spec+logprobs / spec           {best['spec+logprobs'] / best['spec']:.3f}x")
             print(f"  spec+logprobs / plain+logprobs {best['spec+logprobs'] / best['plain+logprobs']:.3f}x")
-            print(f"  plain+logprobs / plain         {best['plain+logprobs'] / best['plain']:.3f}x", flush=True)
+            print(f"  plain+logprobs / plain         {best['plain+logprobs'] / best['plain']:.3f}x")
+            print(f"  spec+bias / spec               {best['spec+bias'] / best['spec']:.3f}x")
+            print(f"  spec+bias / plain+bias         {best['spec+bias'] / best['plain+bias']:.3f}x", flush=True)
         for runtime in runtimes.values():
             runtime.close()
 
