@@ -4,22 +4,10 @@ far on every chunk (vLLM's ``stream_options.continuous_usage_stats``) (`helios.s
 
 from __future__ import annotations
 
-import json
 
-import httpx
 import pytest
 
-from support.server_core import SERVED_ID
-
-
-async def _post(app, path: str, body: dict) -> httpx.Response:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=60) as client:
-        return await client.post(path, json=body)
-
-
-def _chunks(text: str) -> list[dict]:
-    return [json.loads(line[len("data: "):]) for line in text.splitlines()
-            if line.startswith("data: ") and line != "data: [DONE]"]
+from support.server_core import SERVED_ID, post_json, sse_chunks
 
 
 def _body(is_chat: bool, **fields) -> tuple[str, dict]:
@@ -36,9 +24,9 @@ def test_a_response_of_several_choices_has_the_requests_id_not_a_choices(runner,
     fields = {"n": 2} if shape != "text_batch" else {"prompt": ["hi", "bye"]}
     path, body = _body(shape == "chat_n", max_tokens=3, stream=stream, stream_options={"include_usage": True}
                        if stream else None, **fields)
-    response = runner.run(_post(app, path, body))
+    response = runner.run(post_json(app, path, body))
     assert response.status_code == 200, response.text
-    ids = {chunk["id"] for chunk in _chunks(response.text)} if stream else {response.json()["id"]}
+    ids = {chunk["id"] for chunk in sse_chunks(response.text)} if stream else {response.json()["id"]}
     prefix = "chatcmpl-" if shape == "chat_n" else "cmpl-"
     assert len(ids) == 1, ids
     (response_id,) = ids
@@ -55,9 +43,9 @@ def test_continuous_usage_grows_with_every_chunk_and_ends_at_the_final_usage(run
         fields["prompt"] = ["hi", "a longer prompt"]
     path, body = _body(shape.startswith("chat"), max_tokens=6, stream=True, seed=3, temperature=1.0,
                        stream_options={"include_usage": True, "continuous_usage_stats": True}, **fields)
-    response = runner.run(_post(app, path, body))
+    response = runner.run(post_json(app, path, body))
     assert response.status_code == 200, response.text
-    chunks = _chunks(response.text)
+    chunks = sse_chunks(response.text)
     usages = [chunk["usage"] for chunk in chunks]
     assert all(usage is not None for usage in usages), usages
     final = usages[-1]
@@ -75,13 +63,13 @@ def test_continuous_usage_grows_with_every_chunk_and_ends_at_the_final_usage(run
 @pytest.mark.parametrize("is_chat", [True, False])
 def test_without_continuous_usage_only_the_last_chunk_has_usage(runner, app, is_chat):
     path, body = _body(is_chat, max_tokens=4, stream=True, stream_options={"include_usage": True})
-    chunks = _chunks(runner.run(_post(app, path, body)).text)
+    chunks = sse_chunks(runner.run(post_json(app, path, body)).text)
     assert [chunk["usage"] is None for chunk in chunks] == [True] * (len(chunks) - 1) + [False]
 
 
 @pytest.mark.parametrize("is_chat", [True, False])
 def test_continuous_usage_without_include_usage_is_a_400_naming_it(runner, app, is_chat):
     path, body = _body(is_chat, max_tokens=4, stream=True, stream_options={"continuous_usage_stats": True})
-    response = runner.run(_post(app, path, body))
+    response = runner.run(post_json(app, path, body))
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "stream_options.continuous_usage_stats"

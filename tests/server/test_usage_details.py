@@ -10,32 +10,20 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
-from support.server_core import SERVED_ID
+from support.chat_checkpoint import CHAT_TEMPLATE
+from support.server_core import SERVED_ID, post_json, sse_chunks
 
 NAMESPACE = "test.helios/usage-details"
 EOS_ID, THINK_ID, CLOSE_ID = 1, 2, 3  # support.chat_checkpoint: <|im_end|>, <think>, </think>
 LONG = "the weather in paris is sunny; in london it rains. " * 3  # a prompt of several 16-token pages
 # The tiny template (`support.chat_checkpoint`) with reasoning opened by the generation prompt and no
 # wrapping inside the tags (so no token's text is held as the close delimiter's possible wrapping).
-OPEN_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "<|im_start|>{{ message.role }}\n"
-    "{%- if message.reasoning_content -%}<think>{{ message.reasoning_content }}</think>{%- endif -%}"
-    "{{ message.content }}"
-    "{%- for call in message.tool_calls or [] -%}"
-    "<tool_call>\n<function={{ call.function.name }}>\n"
-    "{%- for key, value in call.function.arguments.items() -%}"
-    "<parameter={{ key }}>\n{{ value }}\n</parameter>\n"
-    "{%- endfor -%}"
-    "</function>\n</tool_call>"
-    "{%- endfor -%}"
-    "<|im_end|>\n"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant\n<think>{%- endif -%}"
-)
+OPEN_TEMPLATE = CHAT_TEMPLATE.replace(
+    "<think>\n{{ message.reasoning_content }}\n</think>\n\n", "<think>{{ message.reasoning_content }}</think>"
+).replace("<|im_start|>assistant\n{%- endif -%}", "<|im_start|>assistant\n<think>{%- endif -%}")
+assert OPEN_TEMPLATE.count("<think>") == 2 and "\n</think>" not in OPEN_TEMPLATE
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +61,6 @@ def served(tmp_path_factory):
         served.shutdown()
 
 
-async def _post(app, path: str, body: dict) -> httpx.Response:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=60) as client:
-        return await client.post(path, json=body)
-
-
-def _chunks(text: str) -> list[dict]:
-    return [json.loads(line[len("data: "):]) for line in text.splitlines()
-            if line.startswith("data: ") and line != "data: [DONE]"]
-
-
 def _reasoning_of(token_ids: list[int]) -> int:
     """The reference count: the generated tokens before the first ``</think>`` (the prompt opened
     reasoning), an EOS not counted."""
@@ -102,10 +80,10 @@ STILL_REASONING = {str(EOS_ID): -100, str(CLOSE_ID): -100}  # every token is rea
 def test_reasoning_tokens_are_every_choices_tokens_before_the_close_delimiter(runner, app, stream):
     body = _chat("hello", n=4, seed=1, max_tokens=10, logit_bias=CLOSE_SOON, stream=stream,
                  stream_options={"include_usage": True} if stream else None)
-    response = runner.run(_post(app, "/v1/chat/completions", body))
+    response = runner.run(post_json(app, "/v1/chat/completions", body))
     assert response.status_code == 200, response.text
     if stream:
-        chunks = _chunks(response.text)
+        chunks = sse_chunks(response.text)
         token_ids: dict[int, list[int]] = {}
         for chunk in chunks:
             for choice in chunk["choices"]:
@@ -134,9 +112,9 @@ def test_cached_tokens_are_the_prompt_tokens_the_prefix_cache_served(runner, app
                                          else text, **fields}
     seen = []
     for _ in range(2):
-        response = runner.run(_post(app, path, body))
+        response = runner.run(post_json(app, path, body))
         assert response.status_code == 200, response.text
-        final = _chunks(response.text)[-1] if stream else response.json()
+        final = sse_chunks(response.text)[-1] if stream else response.json()
         seen.append((final["usage"], final["reused_prompt_tokens"]))
     (first, first_reused), (second, reused) = seen
     assert 16 <= reused < second["prompt_tokens"] and second["prompt_tokens"] == first["prompt_tokens"]
@@ -153,7 +131,7 @@ def test_continuous_usage_ends_with_the_final_usage_details_included(runner, app
     body = _chat(f"continuous {LONG}", n=2, max_tokens=3, stream=True, logit_bias=STILL_REASONING,
                  stream_options={"include_usage": True, "continuous_usage_stats": True})
     for _ in range(2):  # the second finds the first's pages
-        chunks = _chunks(runner.run(_post(app, "/v1/chat/completions", body)).text)
+        chunks = sse_chunks(runner.run(post_json(app, "/v1/chat/completions", body)).text)
     usages = [chunk["usage"] for chunk in chunks]
     final = usages[-1]
     assert final["prompt_tokens_details"]["cached_tokens"] > 0
@@ -173,10 +151,10 @@ def test_a_stop_token_after_a_complete_tool_call_finishes_with_tool_calls(runner
     closer = 5  # support.chat_checkpoint: </tool_call>
     body = _chat("weather?", tools=[WEATHER], tool_choice="required", stop_token_ids=[closer], max_tokens=100,
                  logit_bias={str(CLOSE_ID): 100}, temperature=0, stream=stream)  # reasoning closes, then the call
-    response = runner.run(_post(app, "/v1/chat/completions", body))
+    response = runner.run(post_json(app, "/v1/chat/completions", body))
     assert response.status_code == 200, response.text
     if stream:
-        chunks = _chunks(response.text)
+        chunks = sse_chunks(response.text)
         reasons = [c["finish_reason"] for chunk in chunks for c in chunk["choices"] if c["finish_reason"]]
         ids = [i for chunk in chunks for c in chunk["choices"] for i in c.get("token_ids", [])]
         calls = [d for chunk in chunks for c in chunk["choices"] for d in c["delta"].get("tool_calls") or []]

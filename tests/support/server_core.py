@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -78,6 +79,18 @@ def post_chats(app, *bodies: dict) -> list[httpx.Response]:
             return await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for body in bodies))
 
     return asyncio.run(scenario())
+
+
+async def post_json(app, path: str, body: dict) -> httpx.Response:
+    """`body` posted to `app` in process (ASGI transport)."""
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=60) as client:
+        return await client.post(path, json=body)
+
+
+def sse_chunks(text: str) -> list[dict]:
+    """The JSON chunks of an SSE body, ``[DONE]`` left out."""
+    return [json.loads(line[len("data: "):]) for line in text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
 
 
 def assert_serving(app, served) -> None:
