@@ -185,3 +185,30 @@ def test_each_chunk_of_state_copies_is_uploaded_before_the_next_is_packed(monkey
     plan = StepPlan(1, 1, Operation.DECODE, None, (), copies, 0)
     assert programs.run(plan, SNAPSHOT, copies) == 2  # chunks of the largest variant's 2 rows
     assert events == [("pack", [0, 1]), ("wait",), ("pack", [2]), ("wait",)]
+
+
+def test_each_chunk_of_initialized_rows_is_uploaded_before_the_next_is_packed(monkeypatch):
+    """The INITIALIZATION program runs over a plan's admitted rows in chunks of its largest variant,
+    each packed into the same pinned staging mirrors: on CUDA the host must wait for a chunk before
+    packing the next (it waited only after the last, so the first chunk's program could initialize
+    the second chunk's rows and leave its own slots with the previous owner's state)."""
+    from types import SimpleNamespace
+
+    from helios.runtime.execution.executor import Executor
+    from helios.runtime.records.plan import PlanRow
+
+    events = []
+
+    class Stream:
+        def synchronize(self):
+            events.append(("wait",))
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    programs = [(SimpleNamespace(batch_capacity=capacity, graph=f"init{capacity}"), []) for capacity in (1, 2)]
+    executor = SimpleNamespace(
+        _initializers=programs, model=SimpleNamespace(device=torch.device("cuda")),  # a stand-in stream
+        packer=SimpleNamespace(pack=lambda graph, plan: events.append(("pack", [r.slot for r in plan.rows]))),
+        _encode=lambda program, args: events.append(("launch",)))
+    rows = tuple(PlanRow(f"r{slot}", slot, 1, (1,), False, 0, 1, 0, (), True, 0, 1, True, False) for slot in range(3))
+    Executor._initialize(executor, StepPlan(1, 1, Operation.DECODE, None, rows, (), 0))
+    assert events == [("pack", [0, 1]), ("launch",), ("wait",), ("pack", [2]), ("launch",), ("wait",)]

@@ -73,7 +73,8 @@ def _chat(content: str, **fields) -> dict:
 
 
 CLOSE_SOON = {str(THINK_ID): -100, str(CLOSE_ID): 4.0}  # some choices close reasoning, some do not
-STILL_REASONING = {str(EOS_ID): -100, str(CLOSE_ID): -100}  # every token is reasoning
+# every token is reasoning: no EOS, no close, and no second <think> (markup inside reasoning, not counted)
+STILL_REASONING = {str(EOS_ID): -100, str(CLOSE_ID): -100, str(THINK_ID): -100}
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -30,7 +30,9 @@ every emitted token and its most probable alternatives (`SpeculativeProgram.emit
 A width-one program (D = 0) draws no proposals: it is DECODE plus the draft's commit step, which
 preserves the draft context for wider rounds. Penalty counts at verification position j include
 proposals 1..j, exactly what ordinary decoding would count had they been emitted, so a draft equal
-to the target reproduces ordinary decoding token for token - sampled and biased lanes too.
+to the target reproduces ordinary decoding token for token - sampled lanes too (without history
+candidates); a lane's logit bias keeps that (greedy lanes' tokens are plain decoding's whatever the
+draft; sampled lanes follow the biased distribution).
 
 Mutation: target and draft cache planes (in place), output_counts (index_put_ with accumulation).
 """

@@ -162,8 +162,10 @@ class Executor:
     def _initialize(self, plan: StepPlan) -> None:
         """Runs the core's INITIALIZATION program over the rows `plan` admits (in chunks of the
         largest variant), before the plan's own program reads their state and before its copies
-        restore any (`_copies`). On CUDA the host then waits for it: both packs write the same
-        staging mirrors (admission is rare)."""
+        restore any (`_copies`). On CUDA the host waits after each chunk: every chunk's pack, and
+        then the plan's own, writes the same staging mirrors, whose asynchronous upload must have
+        read them first (a chunk packed while the one before was still queued gave both its rows;
+        admission is rare)."""
         admitted = [row for row in plan.rows if row.admits]
         largest = self._initializers[-1][0].batch_capacity
         for start in range(0, len(admitted), largest):
@@ -172,8 +174,8 @@ class Executor:
             self.packer.pack(program.graph, plan._replace(rows=rows))
             with torch.inference_mode():
                 self._encode(program, args)
-        if admitted and self.model.device.type == "cuda":
-            torch.cuda.current_stream(self.model.device).synchronize()
+            if self.model.device.type == "cuda":
+                torch.cuda.current_stream(self.model.device).synchronize()
 
     def _program_for(self, plan: StepPlan) -> LoadedProgram:
         """The planned program, or its token-logprobs twin when a row asks for log-probabilities."""
