@@ -74,6 +74,27 @@ def test_locations_are_paths_of_the_body_without_union_tags(app, body, places):
         assert internal not in message, message
 
 
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+
+
+@pytest.mark.parametrize(("message", "says"), [
+    ({"role": "system", "content": [{"type": "text", "text": "look"}, IMAGE_PART]}, "a system or developer message"),
+    ({"role": "developer", "content": [IMAGE_PART]}, "a system or developer message"),
+    ({"role": "assistant", "content": [IMAGE_PART]}, "an assistant message"),
+    ({"role": "tool", "tool_call_id": "call_1", "content": [IMAGE_PART]}, "a tool message"),
+], ids=["system", "developer", "assistant", "tool"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_an_image_part_outside_a_user_message_says_where_images_belong(app, path, message, says):
+    """Validated as text parts, an image part there was four errors ending in "image_url: not a field
+    this server accepts", which read as images not being served at all."""
+    body = chat(messages=[message, {"role": "user", "content": "hi"}])
+    error = error_of(call(app, "POST", path, body))
+    index = len(message["content"]) - 1
+    assert error["message"] == (f"invalid request body: messages[0].content: part {index} is an image_url part; "
+                                f"image parts belong in user messages ({says} takes a text or text parts)")
+    assert error["param"] == "messages[0].content"
+
+
 def test_without_the_body_only_field_names_and_indices_are_kept():
     entry = {"loc": ("body", "prompt", "list[function-after[functools.partial(<function v at 0x7f>)]]", 0),
              "msg": "Input should be greater than or equal to 0", "type": "greater_than_equal"}

@@ -225,6 +225,16 @@ def test_hostile_bodies_get_typed_errors(runner, app, path, body, status, param)
         assert error["param"] == param, error
 
 
+def test_an_image_on_a_text_core_is_the_400_a_chat_completion_of_it_gets(runner, app):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, {
+        "type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
+    tokenized = post(runner, app, "/tokenize", {"model": SERVED_ID, "messages": messages})
+    chat = post(runner, app, "/v1/chat/completions", {"model": SERVED_ID, "messages": messages, "max_tokens": 1})
+    assert tokenized.status_code == chat.status_code == 400, (tokenized.text, chat.text)
+    assert tokenized.json() == chat.json()
+    assert "this model takes no images" in tokenized.json()["error"]["message"]
+
+
 def test_hostile_raw_bodies_get_typed_errors(runner, app):
     surrogate = post(runner, app, "/tokenize", content=b'{"prompt": "a \\ud800 b"}')
     assert surrogate.status_code == 400 and "surrogate" in surrogate.json()["error"]["message"], surrogate.text

@@ -56,3 +56,50 @@ def test_realistic_processors_keep_max_pixels_share():
     for min_pixels, max_pixels in ((3136, 12845056), (256 * 28 * 28, 1280 * 28 * 28)):
         settings = ImageProcessorSettings(GREY, GREY, min_pixels, max_pixels)
         assert max_image_patches(recipe(14), settings) == max_pixels // 196 // 4 * 4
+
+
+def least_patches(patch: int, merge: int, min_pixels: int, max_pixels: int) -> int:
+    """The fewest patches `smart_size` gives an image of sides up to 60 x 1,200 within the aspect bound."""
+    sizes = ((height, width) for height in range(1, 61) for width in range(height, min(200 * height, 1200) + 1))
+    return min(h * w // (patch * patch) for height, width in sizes
+               for h, w in (smart_size(height, width, patch * merge, min_pixels, max_pixels),))
+
+
+@pytest.mark.parametrize("patch, min_pixels, max_pixels", [
+    (14, MIN_PIXELS, MAX_PIXELS),
+    (14, 3136, 3136),  # every image scaled to one size: the scaled-down floor decides
+    (14, 28 * 28 * 36, 28 * 28 * 40),
+])
+def test_the_least_patches_bound_no_image_of_the_processor_goes_below(patch, min_pixels, max_pixels):
+    from helios.ignition.vision_plan import min_image_patches
+
+    bound = min_image_patches(recipe(patch).vision, ImageProcessorSettings(GREY, GREY, min_pixels, max_pixels))
+    assert 0 < bound <= least_patches(patch, 2, min_pixels, max_pixels)
+
+
+def test_patch_capacities_below_the_smallest_image_are_refused_before_capture(tmp_path, capsys, monkeypatch):
+    """A capacity smaller than the processor's smallest image (min_pixels: 16 patches) was prepared: its
+    VISION program encodes no image, and a core of such capacities alone refused every image at serve
+    time ("needs more patches than the prepared capacities")."""
+    import helios.ignition.export as export
+    from helios.cli.main import main
+    from helios.core.keys import SigningKey, write_key_pair
+
+    from .vl_checkpoint import NAMESPACE, write_vl_checkpoint
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("captured before the patch capacities were checked")
+
+    monkeypatch.setattr(export, "capture_all", no_capture)
+    write_vl_checkpoint(tmp_path / "checkpoint")
+    key = tmp_path / "publisher.key"
+    write_key_pair(key, SigningKey.generate(), [NAMESPACE])
+    output = tmp_path / "out" / "model.core"
+    output.parent.mkdir()
+    code = main(["prepare", str(tmp_path / "checkpoint"), "-o", str(output), "--key", str(key), "--namespace",
+                 NAMESPACE, "--context-tokens", "256", "--decode-batches", "1", "--patch-capacities", "8,252"])
+    err = capsys.readouterr().err
+    assert code == 2 and list(output.parent.iterdir()) == []
+    assert err.strip().splitlines()[-1].endswith(
+        "--patch-capacities 8 holds no image: the processor's smallest image (min_pixels 3136) has 16 patches or "
+        "more; give capacities of at least 16"), err

@@ -416,7 +416,7 @@ class FrontendModel:
 
     def _logprobs(self, body, is_chat: bool) -> LogprobRequest:
         """The log-probabilities the body asks for; a 400 when the core cannot compute them."""
-        prompt = requested_prompt(body, is_chat, self._facts.scores_prompts)
+        prompt = requested_prompt(body, is_chat, self._facts.scores_prompts, is_vision=self._images is not None)
         requested = None if prompt.hides_output else requested_logprobs(body, is_chat)  # no output: nothing to score
         check_logprobs_capability(requested, self._facts.token_logprobs, is_chat)
         return LogprobRequest(requested, prompt)

@@ -12,7 +12,7 @@ from helios.contract import serving_pb2 as spb
 from helios.ignition.architecture import CheckpointError, WeightSlot
 from helios.ignition.multimodal_spec import MultimodalOptions
 from helios.ignition.preparation.vision_contract import (
-    check_patch_geometry, declare_vision, max_image_patches, read_image_processor)
+    ImageProcessorSettings, check_patch_geometry, declare_vision, max_image_patches, read_image_processor)
 from helios.ignition.program_spec import Capacity, Operation
 from helios.ignition.recipes import Recipe
 
@@ -47,6 +47,13 @@ def vision_preparation(checkpoint: Path, recipe: Recipe, text_variants: Sequence
     capacities = tuple(sorted(set(patch_capacities))) or (max_image_patches(vl, processor),)
     if any(c <= 0 or c % unit for c in capacities):
         raise CheckpointError(f"patch capacities must be positive multiples of {unit}, got {list(capacities)}")
+    smallest = min_image_patches(vl.vision, processor)
+    # A capacity below it holds no image: its VISION program would be captured for nothing, and a core
+    # of such capacities alone would refuse every image at serving.
+    if min(capacities) < smallest:
+        raise CheckpointError(f"--patch-capacities {min(capacities)} holds no image: the processor's smallest "
+                              f"image (min_pixels {processor.min_pixels}) has {smallest} patches or more; give "
+                              f"capacities of at least {smallest}")
     if max(capacities) > MAX_PATCHES:  # capture allocates example inputs of this extent
         raise CheckpointError(f"patch capacities are at most {MAX_PATCHES}, got {max(capacities)} (lower "
                               f"--patch-capacities or the processor's max_pixels)")
@@ -58,6 +65,17 @@ def vision_preparation(checkpoint: Path, recipe: Recipe, text_variants: Sequence
         MultimodalOptions(vl.vision, extra, feature_rows),
         tuple((Operation.VISION, Capacity(1, c)) for c in capacities),
         functools.partial(_declare, vl, processor, capacities, feature_rows), capacities)
+
+
+def min_image_patches(vision, processor: ImageProcessorSettings) -> int:
+    """At most the patches of the smallest image the processor produces (its resize,
+    `helios.frontend.images.preparation.smart_size`, whose sides are multiples of the merge unit's
+    side f = patch * merge): one not scaled down keeps at least ``min_pixels`` (rounded up to whole
+    units); one scaled down to ``max_pixels`` floors each side to a multiple of f but to f at least,
+    which keeps at least half of it, so a quarter of ``max_pixels`` at least."""
+    unit_pixels = (vision.patch_size * vision.merge_size) ** 2
+    units = min(-(-processor.min_pixels // unit_pixels), -(-processor.max_pixels // (4 * unit_pixels)))
+    return max(1, units) * vision.merge_size ** 2
 
 
 def _declare(vl, processor, capacities, feature_rows, model: spb.ModelContract) -> None:

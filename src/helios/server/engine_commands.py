@@ -34,6 +34,7 @@ logger = logging.getLogger("uvicorn.error")
 
 DIRECT_NBYTES = 64 * 1024  # a command estimated at most this large may be written on the caller's thread
 ID_NBYTES = 5  # a prompt token id's pickled size, at most
+KEY_NBYTES = 20  # a (prompt index, image key) pair of `RequestSpec.token_keys`, pickled, at most
 CLOSE_TIMEOUT_S = 30.0
 
 
@@ -61,6 +62,7 @@ class QueuedCommands:
         source = getattr(request.grammar, "source", None) if request.grammar is not None else None
         nbytes = ID_NBYTES * (len(spec.prompt_ids) + sum(map(len, spec.stop_token_sequences)))
         nbytes += len(source or "") + sum(map(len, spec.stop_strings)) + 16 * len(spec.logit_bias)
+        nbytes += KEY_NBYTES * len(spec.token_keys) + image_nbytes(spec.images)
         self._command(self._link.submit, (request,), nbytes <= DIRECT_NBYTES)
 
     def cancel(self, request_id: str) -> None:
@@ -124,6 +126,18 @@ class QueuedCommands:
             message = f"request failed: {type(error).__name__}: {error}"
             self._link.sink(StepBatch((FinishEvent(spec.request_id, FinishReason.ERROR, len(spec.prompt_ids), 0, 0,
                                                    message),)))
+
+
+def image_nbytes(images) -> int:
+    """The bytes of a request's image arrays (`RequestImages`; None: text only) at their padded
+    extent: pickling trims each vision tensor's trailing zero rows (`RequestImages.__reduce__`) but
+    reads those rows to find them, so its work grows with the padded size (a 1-megapixel image
+    pickles about 23 MB, an 8x8 one still scans its capacity's zeros)."""
+    if images is None:
+        return 0
+    arrays = [array for tensors in images.vision_inputs for array in tensors.values()]
+    arrays += [*images.feature_tokens, *images.token_outputs.values()]
+    return sum(getattr(array, "nbytes", 0) for array in arrays)
 
 
 def engine_commands(runtime):

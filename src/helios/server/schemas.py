@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
                       StrictStr, Tag, WithJsonSchema)
-from pydantic_core import PydanticKnownError
+from pydantic_core import PydanticCustomError, PydanticKnownError
 
 from helios.errors import RequestError
 from helios.frontend.preparation.logit_bias import MAX_LOGIT_BIAS
@@ -134,6 +134,25 @@ class ImageUrlPart(StrictModel):
 UserPart = Annotated[Union[TextPart, ImageUrlPart], Field(discriminator="type")]
 
 
+def _text_content(message: str) -> Any:
+    """The content type of `message` (a system message, ...): a text or text parts. An image part
+    there is refused with one error that says where images belong: validated as text parts, it was
+    four errors ending in ``image_url: not a field this server accepts``, which read as images not
+    being served at all. The schema is the plain union's (a `BeforeValidator` adds nothing to it)."""
+
+    def no_image_parts(value: Any) -> Any:
+        if isinstance(value, list):
+            for index, part in enumerate(value):
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    raise PydanticCustomError(
+                        "image_part_outside_user_message",
+                        "part {index} is an image_url part; image parts belong in user messages ({message} takes "
+                        "a text or text parts)", {"index": index, "message": message})
+        return value
+
+    return Annotated[Union[StrictStr, list[TextPart]], BeforeValidator(no_image_parts)]
+
+
 class FunctionCall(StrictModel):
     name: StrictStr = Field(min_length=1)
     arguments: StrictStr
@@ -147,7 +166,7 @@ class ToolCall(StrictModel):
 
 class SystemMessage(StrictModel):
     role: Literal["system", "developer"]
-    content: Union[StrictStr, list[TextPart]]
+    content: _text_content("a system or developer message")
     name: StrictStr | None = None
 
 
@@ -160,7 +179,7 @@ class UserMessage(StrictModel):
 
 class AssistantMessage(StrictModel):
     role: Literal["assistant"]
-    content: Union[StrictStr, list[TextPart], None] = None
+    content: _text_content("an assistant message") | None = None
     reasoning_content: StrictStr | None = None
     reasoning: StrictStr | None = Field(default=None, description="vLLM's newer name for reasoning_content")
     tool_calls: list[ToolCall] | None = Field(default=None, description=f"At most {MAX_TOOL_CALLS} calls")
@@ -176,7 +195,7 @@ class AssistantMessage(StrictModel):
 
 class ToolMessage(StrictModel):
     role: Literal["tool"]
-    content: Union[StrictStr, list[TextPart]]
+    content: _text_content("a tool message")
     tool_call_id: StrictStr = Field(min_length=1)
     name: StrictStr | None = None  # the called function's name, as clients (and OpenAI's examples) send it
 
@@ -330,7 +349,7 @@ class _SamplingFields(StrictModel):
     prompt_logprobs: StrictInt | None = Field(
         default=None, ge=0, le=MAX_TOP_LOGPROBS,
         description="Extension (vLLM): each prompt token's log-probability and this many alternatives "
-        "(needs a core prepared with --scored-prefill)")
+        "(needs a text-only core prepared with --scored-prefill)")
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -415,7 +434,7 @@ class CompletionRequest(_SamplingFields):
         default=None, ge=0, description="The output limit; 0 (with echo or prompt_logprobs) returns no output")
     echo: StrictBool | None = Field(
         default=None, description="Return the prompt text before the output (with logprobs: the prompt tokens' "
-        "log-probabilities too, which needs a core prepared with --scored-prefill)")
+        "log-probabilities too, which needs a text-only core prepared with --scored-prefill)")
     logprobs: StrictInt | None = Field(
         default=None, ge=0, le=MAX_TOP_LOGPROBS,
         description="Return each output token's log-probability and this many most probable alternatives (0-20)")

@@ -121,9 +121,11 @@ class LogprobRequest:
     prompt: PromptRequest = PromptRequest()
 
 
-def requested_prompt(body: Any, is_chat: bool, scores_prompts: bool) -> PromptRequest:
+def requested_prompt(body: Any, is_chat: bool, scores_prompts: bool, is_vision: bool = False) -> PromptRequest:
     """The body's `PromptRequest`; a 400 for ``max_tokens: 0`` that would return nothing and for
-    prompt scores a core without a scored-prefill program cannot compute."""
+    prompt scores a core without a scored-prefill program cannot compute. `is_vision`: the core has
+    a vision contract, which preparation never gives a scored-prefill program (the 400 says so
+    rather than naming a preparation option that refuses such a checkpoint)."""
     prompt_logprobs = getattr(body, "prompt_logprobs", None)
     if is_chat:
         request = PromptRequest(prompt_logprobs=prompt_logprobs)
@@ -133,9 +135,11 @@ def requested_prompt(body: Any, is_chat: bool, scores_prompts: bool) -> PromptRe
         if request.hides_output and not (echo or prompt_logprobs is not None):
             raise EchoOptionError("max_tokens 0 returns no output: it needs echo or prompt_logprobs")
     if request.scores and not scores_prompts:
+        remedy = ("a vision-language core has none (helios prepare captures scored prefill for text-only "
+                  "checkpoints alone)" if is_vision else "prepare it with --scored-prefill to serve them")
         raise PromptScoresUnavailable(
             "this core has no scored-prefill program, so it cannot return prompt log-probabilities (echo with "
-            "logprobs, prompt_logprobs); prepare it with --scored-prefill to serve them",
+            f"logprobs, prompt_logprobs); {remedy}",
             "prompt_logprobs" if prompt_logprobs is not None else "echo")
     return request
 
