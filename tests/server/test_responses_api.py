@@ -219,6 +219,32 @@ def test_input_items_make_the_chat_conversation():
         "messages[6].content": "input[9].content"}
 
 
+def test_function_call_items_with_every_field_the_client_types_have(runner, http):
+    """A function call and its output given back with the fields the client's item types have
+    (``caller``, ``namespace``, ``async`` null, as a returned call dumped by alias holds them; the
+    output's tool ``name``) are history like the bare items; a namespace or caller Helios would have
+    to honour is a 400 naming the field."""
+    call = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": "{}",
+            "status": "completed", "caller": None, "namespace": None, "async": None}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "one", "caller": None, "name": "f",
+              "namespace": None, "id": None, "status": None}
+    body = ResponsesRequest.model_validate({"model": "m", "input": [{"role": "user", "content": "q"}, call, output]})
+    messages = chat_request(body)[0].model_dump(exclude_none=True)["messages"]
+    assert messages[1:] == [
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": "one", "tool_call_id": "c1", "name": "f"}]
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
+    answer = post(runner, http, "/v1/responses", {"input": [{"role": "user", "content": "q"}, call, output],
+                                                   "tools": tools, "max_output_tokens": 2})
+    assert answer.status_code == 200, answer.text
+    for item, field in ((call, "namespace"), (call, "caller"), (output, "namespace"), (call, "async")):
+        value = {"type": "direct"} if field == "caller" else True if field == "async" else "ns"
+        items = [{"role": "user", "content": "q"}, {**item, field: value}]
+        refused = post(runner, http, "/v1/responses", {"input": items, "tools": tools})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == f"input[1].{field}", refused.text
+
+
 def test_request_fields_map_onto_the_chat_body():
     body = ResponsesRequest.model_validate({
         "model": "m", "input": [{"role": "user", "content": [
@@ -305,6 +331,39 @@ def test_stream_of_reasoning_text_and_calls_matches_the_json_answer():
     assert final["usage"] == expected["usage"] and final["status"] == "completed"
 
 
+def test_text_before_calls_of_a_cut_output_is_complete_in_both_forms():
+    """An output the limit cut after its text and a call: the text's message item is completed (the
+    call came after it, as the stream closes it), in the JSON answer as in the stream."""
+    body = ResponsesRequest.model_validate({"model": SERVED_ID, "input": "q", "stream": True})
+    raw = _chat_chunks({"content": "ok"}, {"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                                           "function": {"name": "f", "arguments": "{}"}}]},
+                       finish="length")
+    final = events_of(EventTranslator(body, {}).feed(raw).decode())[-1]["response"]
+    chat = {"id": "chatcmpl-1", "created": 7, "model": SERVED_ID, "usage": {"prompt_tokens": 5, "completion_tokens": 4,
+                                                                           "total_tokens": 9},
+            "choices": [{"index": 0, "finish_reason": "length", "logprobs": None, "message": {
+                "role": "assistant", "content": "ok", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}]}
+    expected = response_object(body, chat)
+
+    def without_ids(items):
+        return [{key: value for key, value in item.items() if key != "id"} for item in items]
+
+    assert final["status"] == expected["status"] == "incomplete"
+    assert without_ids(final["output"]) == without_ids(expected["output"])
+    assert [item["status"] for item in expected["output"]] == ["completed", "completed"]
+
+
+@pytest.mark.parametrize("tier", [None, "auto", "default"])
+def test_service_tier_is_the_tier_that_served(tier):
+    """OpenAI's response names the tier that processed the request, not the one asked for: Helios has
+    one, ``default`` (``auto`` asked for picks it)."""
+    body = ResponsesRequest.model_validate({"model": SERVED_ID, "input": "q", "service_tier": tier})
+    chat = {"id": "chatcmpl-1", "created": 7, "model": SERVED_ID, "usage": None, "choices": [
+        {"index": 0, "finish_reason": "stop", "logprobs": None, "message": {"role": "assistant", "content": "a"}}]}
+    assert response_object(body, chat)["service_tier"] == "default"
+
+
 def test_stream_error_event_names_the_responses_field():
     body = ResponsesRequest.model_validate({"model": SERVED_ID, "input": "q", "stream": True})
     translator = EventTranslator(body, {"messages[0]": "input"})
@@ -341,6 +400,10 @@ def test_stream_error_event_names_the_responses_field():
     ({"input": [{"role": "user", "content": "a"}, {"type": "function_call_output", "call_id": "c", "output": "o"}]},
      "input[1]", "input[1]"),
     ({"text": {"format": {"type": "json_schema", "name": "bad name", "schema": {}}}}, "text.format.name", "pattern"),
+    # more calls in a row than an assistant turn may make: named by the first call's item (a turn has no field)
+    ({"input": [{"role": "user", "content": "a"}, *({"type": "function_call", "call_id": f"c{i}", "name": "f",
+                                                    "arguments": "{}"} for i in range(129))]},
+     "input[1]", "input[1] has 129 calls"),
 ])
 def test_refusals_name_the_responses_field(runner, http, served, fields, param, words):
     answer = post(runner, http, "/v1/responses", {"input": "hello", **fields})

@@ -118,7 +118,10 @@ def chat_messages(body: ResponsesRequest) -> tuple[list[dict], dict[str, str]]:
             output = item.output
             if not isinstance(output, str):
                 output = [{"type": "text", "text": part.text} for part in output]
-            key = add({"role": "tool", "tool_call_id": item.call_id, "content": output}, where)
+            tool = {"role": "tool", "tool_call_id": item.call_id, "content": output}
+            if item.name is not None:
+                tool["name"] = item.name
+            key = add(tool, where)
             paths[f"{key}.content"] = f"{where}.output"
     if not messages:
         raise InvalidResponsesInput("input holds no message, function call or function call output (reasoning "
@@ -195,14 +198,17 @@ _CHAT_PARAMS = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max
                 "response_format": "text.format", "reasoning_effort": "reasoning.effort", "logprobs": "include",
                 "chat_template_kwargs": "reasoning.effort", "messages": "input"}
 _CHAT_WORDS = re.compile(r"\b(max_completion_tokens|response_format|reasoning_effort)\b")
-# a chat path into the messages: the message, a tool call (its function's fields unnested) or the content
-_MESSAGE_PATH = re.compile(r"\bmessages\[(\d+)\](?:(\.tool_calls\[\d+\])(?:\.function)?|(\.content))?")
+# a chat path into the messages: the message, its tool calls or one of them (its function's fields unnested) or
+# the content
+_MESSAGE_PATH = re.compile(r"\bmessages\[(\d+)\](?:(\.tool_calls(?:\[\d+\])?)(?:\.function)?|(\.content))?")
 _TOOL_PARAM = re.compile(r"^tools\[(\d+)\]\.function")
 
 
 def _responses_path(match: re.Match, paths: dict[str, str]) -> str:
     message = f"messages[{match.group(1)}]"
     part = match.group(2) or match.group(3) or ""
+    if part == ".tool_calls":  # a turn's calls as a whole (their count): the turn's first function_call item
+        part = ".tool_calls[0]"
     if message + part in paths:
         return paths[message + part]
     return paths.get(message, "input") + part  # the content of a message item (the same parts)
@@ -254,7 +260,8 @@ def response_shell(body: ResponsesRequest, response_id: str, created_at: int, mo
         "max_output_tokens": body.max_output_tokens, "max_tool_calls": None, "model": model, "output": [],
         "parallel_tool_calls": body.parallel_tool_calls is not False, "previous_response_id": None,
         "reasoning": {"effort": body.reasoning.effort, "summary": body.reasoning.summary} if body.reasoning else None,
-        "service_tier": body.service_tier or "default", "store": False, "temperature": body.temperature,
+        # the tier that serves the request (OpenAI's response names that, not the one asked for): Helios has one
+        "service_tier": "default", "store": False, "temperature": body.temperature,
         "text": {"format": text},
         "tool_choice": tool_choice if isinstance(tool_choice, str) else tool_choice.model_dump(),
         "tools": [tool.model_dump(by_alias=True) for tool in body.tools or ()],
@@ -318,12 +325,14 @@ def response_object(body: ResponsesRequest, chat: dict) -> dict:
     choice = chat["choices"][0]
     message = choice["message"]
     status, incomplete = outcome(choice["finish_reason"])
-    item_status = "incomplete" if status == "incomplete" else "completed"
+    calls = message.get("tool_calls") or ()
+    # the message is cut only where it is the last item: calls after it mean its text was done (as the
+    # stream closes it, completed, when the first call starts)
+    item_status = "incomplete" if status == "incomplete" and not calls else "completed"
     response = response_shell(body, new_id("resp"), chat["created"], chat["model"])
     output = response["output"]
     if message.get("reasoning_content"):
         output.append(reasoning_item(new_id("rs"), message["reasoning_content"]))
-    calls = message.get("tool_calls") or ()
     if message.get("content") or not calls:
         output.append(message_item(new_id("msg"), item_status, message.get("content") or "",
                                    output_logprobs(choice.get("logprobs"))))

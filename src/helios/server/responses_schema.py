@@ -13,7 +13,8 @@ reusable ``prompt`` templates, ``max_tool_calls``, ``text.verbosity``, encrypted
 ``store`` is accepted either way (true is OpenAI's default, which clients send): nothing is stored,
 and the response says ``store: false``. Input items given back from an earlier response (their
 ``id`` and ``status``, ``output_text`` parts with ``annotations`` and ``logprobs``, ``reasoning``
-items) are accepted as history.
+items, function calls and outputs with a null ``caller``, ``namespace`` and ``async``, an output's
+tool ``name``) are accepted as history.
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ class FunctionCallItem(StrictModel):
     arguments: StrictStr
     id: StrictStr | None = None
     status: ItemStatus | None = None
+    # A returned call's fields that Helios's calls leave null (the client's item type has them, and a
+    # call dumped by alias sends them): null says nothing; a value would be a call Helios cannot make.
+    caller: not_served("caller", "every call is the model's own") = None
+    namespace: not_served("namespace", "function tools have no namespaces") = None
+    async_: not_served("async", "calls run in the client") = Field(default=None, alias="async")
 
 
 class FunctionCallOutputItem(StrictModel):
@@ -103,6 +109,9 @@ class FunctionCallOutputItem(StrictModel):
     output: _text_or(list_of(InputText, 1024), "a function call's output is a text or a list of input_text parts")
     id: StrictStr | None = None
     status: ItemStatus | None = None
+    name: StrictStr | None = Field(default=None, description="The called function's name: the tool message's name")
+    caller: not_served("caller", "every call is the model's own") = None
+    namespace: not_served("namespace", "function tools have no namespaces") = None
 
 
 class SummaryText(StrictModel):
