@@ -17,7 +17,6 @@ import json
 import httpx
 import pytest
 
-from helios.errors import RequestError
 from helios.frontend.decoding.syntax import ReasoningSyntaxKind, ToolSyntaxKind
 from helios.runtime.service import RuntimeOptions, build_runtime
 from helios.server.app import create_app
@@ -191,13 +190,72 @@ def test_a_forced_call_is_written_in_the_family_syntax_and_parsed(family):
         assert (tools.block_open or '{"name"') in written  # the family's own markup, as the parsers read it
 
 
-def test_parallel_false_without_forcing_is_refused_for_json_calls(family):
-    case, _, served, _, _ = family
-    request = ChatCompletionRequest.model_validate(
-        {"model": case.name, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
-         "parallel_tool_calls": False})
+def one_json_call(tools) -> str:
+    """A get_weather call (city Paris) in a JSON-call syntax's block, as its grammars write one."""
+    arguments = '{"city":"Paris"}'
+    if tools.name_key:
+        call = '{"%s": "get_weather", "%s": %s}' % (tools.name_key, tools.arguments_key, arguments)
+        if not tools.block_open:
+            return call
+        return f"{tools.block_open}\n{call}\n{tools.block_close}" if tools.block_close else f"{tools.block_open}[{call}]"
+    call = (f"{tools.invoke_open}get_weather{tools.name_end}{tools.arguments_open}{arguments}{tools.arguments_close}"
+            f"{tools.invoke_close}")
+    return ("" if tools.invoke_open == tools.block_open else tools.block_open) + call + tools.block_close
+
+
+def test_parallel_false_without_forcing_allows_text_or_one_call(family):
+    """``parallel_tool_calls: false`` with ``tool_choice`` auto, which OpenAI clients (the Agents SDK
+    among them) send routinely, was a 400 on JSON-call families ("cannot be honoured without forcing
+    a call"); vLLM serves it. The grammar now allows free text, or one call and then only the end, in
+    the family's syntax; the call comes back as the one tool call, finish_reason ``tool_calls``, and
+    the request is served over HTTP, streamed and not."""
+    case, tokenizer, served, _, _ = family
+    body = {"model": case.name, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
+            "parallel_tool_calls": False, "chat_template_kwargs": {"enable_thinking": False, "thinking": False}}
+    prepared = served.frontend.prepare_chat(ChatCompletionRequest.model_validate(body), request_id="p")
+    assert prepared.grammar is not None
+    eos = tokenizer.token_to_id(case.eos)
     if TOOL_KINDS[case.name] is ToolSyntaxKind.JSON_CALLS:
-        with pytest.raises(RequestError, match="without forcing a call"):
-            served.frontend.prepare_chat(request, request_id="r")
-    else:
-        assert served.frontend.prepare_chat(request, request_id="r").grammar is not None
+        call = ids_of(tokenizer, one_json_call(served.frontend.syntax.output.tools))
+        matcher = prepared.grammar.fork()
+        assert all(matcher.consume_token(token_id) for token_id in call)
+        mask = matcher.bitmask()
+        allowed = [i for i in range(tokenizer.get_vocab_size()) if (int(mask[i // 32]) >> (i % 32)) & 1]
+        assert eos in allowed and not (set(allowed) - set(served.frontend.settings.eos_token_ids))  # no second call
+        _, final = run_output(prepared, call + [eos])
+        choice = prepared.response_body(final)["choices"][0]
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                for c in choice["message"]["tool_calls"]] == [("get_weather", {"city": "Paris"})]
+        assert choice["finish_reason"] == "tool_calls"
+        text = ids_of(tokenizer, "It is sunny.")
+        assert accepts(prepared.grammar, text + [eos])
+        assert accepts(prepared.grammar, text + call + [eos])  # (Llama's: text the parser reads as text)
+        structured = {**body, "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}}
+        answer_only = served.frontend.prepare_chat(ChatCompletionRequest.model_validate(structured), request_id="s")
+        assert accepts(answer_only.grammar, ids_of(tokenizer, '{"ok":true,"n":3}') + [eos])  # was a 400 too
+        assert not accepts(answer_only.grammar, call)
+    sampled = {**body, "temperature": 1.0, "max_tokens": 24, "seed": 3}
+    whole = post(family, sampled)["choices"][0]
+    chunks = [json.loads(line[len("data: "):]) for line in post_stream(family, {**sampled, "stream": True}).splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    deltas = [choice for chunk in chunks for choice in chunk["choices"]]
+    assert "".join(d["delta"].get("content") or "" for d in deltas) == (whole["message"].get("content") or "")
+    assert [d["finish_reason"] for d in deltas if d["finish_reason"]] == [whole["finish_reason"]]
+
+
+def accepts(matcher, ids) -> bool:
+    probe = matcher.fork()
+    return all(probe.consume_token(token_id) for token_id in ids)
+
+
+def post_stream(family, body: dict) -> str:
+    _, _, _, app, runner = family
+
+    async def call():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
+            return await client.post("/v1/chat/completions", json=body)
+
+    response = runner.run(call())
+    assert response.status_code == 200, response.text
+    return response.text

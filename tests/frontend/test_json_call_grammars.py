@@ -23,7 +23,7 @@ import pytest
 from helios.frontend.decoding.syntax import JsonCallSyntax, example_deepseek_v3, example_hermes
 from helios.frontend.parsers import TokenDelimiters
 from helios.frontend.structured.grammar import GrammarCompiler, GrammarError
-from helios.frontend.structured.grammar_json_calls import arguments_schema, json_calls_lark
+from helios.frontend.structured.grammar_json_calls import arguments_schema, json_calls_lark, optional_call_lark
 from helios.frontend.structured.grammar_lark import Speller
 from helios.frontend.structured.grammar_tools import ToolSchema
 
@@ -81,6 +81,38 @@ def test_a_single_forced_call_grammar_takes_exactly_one_call(model, shape):
 def test_a_parallel_forced_call_grammar_takes_one_or_more_calls(model, shape):
     syntax, one, two = SHAPES[shape]
     assert (is_complete(model, syntax, False, one), is_complete(model, syntax, False, two)) == (True, True)
+
+
+LLAMA = (JsonCallSyntax(name_key="name", arguments_key="parameters"), '{"name": "f", "parameters": {"a":1}}',
+         '{"name": "f", "parameters": {"a":1}}; {"name": "f", "parameters": {"a":1}}')
+
+
+@pytest.fixture(scope="module")
+def text_markup_model():
+    """`model` with the markup spelled as text (no added tokens but EOS)."""
+    tokenizer = small_bpe([EOS_TEXT])
+    eos = tokenizer.token_to_id(EOS_TEXT)
+    compiler = GrammarCompiler.from_tokenizer(tokenizer, vocab_size=tokenizer.get_vocab_size(), eos_token_ids=[eos])
+    return tokenizer, eos, compiler, Speller.from_tokenizer(tokenizer, compiler.is_special_token, TokenDelimiters())
+
+
+@pytest.mark.parametrize("markup", ["tokens", "text"])
+@pytest.mark.parametrize("shape", [*SHAPES, "llama"])
+def test_an_optional_call_grammar_takes_text_or_one_call(model, text_markup_model, shape, markup):
+    """``parallel_tool_calls: false`` without forcing (a 400 on JSON-call syntaxes before): free text,
+    or text then exactly one call, nothing after it. Llama's answer is a call when it starts with
+    JSON: text may not, and a call after text is text to the parser (taken as text here)."""
+    model = model if markup == "tokens" else text_markup_model
+    syntax, one, two = LLAMA if shape == "llama" else SHAPES[shape]
+    lark = optional_call_lark(syntax, model[3], TOOLS, {})
+    verdicts = {text: takes(model, lark, text) for text in
+                ("", "It is sunny.", "  \n", one, two, f"Let me check. {one}", f"Let me check. {two}", f"{one} Done.")}
+    has_opener = bool(syntax.block_open)
+    assert verdicts == {"": True, "It is sunny.": True, "  \n": True, one: True, two: False,
+                        f"Let me check. {one}": True, f"Let me check. {two}": not has_opener,
+                        f"{one} Done.": False}, verdicts
+    if not has_opener:  # text starting with JSON would be read as a (malformed) call
+        assert not takes(model, lark, ' {"a": 1}') and not takes(model, lark, "[1]")
 
 
 LOOSE_TOP_LEVELS = {

@@ -254,6 +254,18 @@ def test_tool_choices_that_hold_are_served(runner, client):
     assert call.function.name == "get_weather" and named.choices[0].finish_reason == "tool_calls"
 
 
+def test_stop_strings_combine_with_parallel_tool_calls_false(runner, client):
+    """``parallel_tool_calls: false`` with ``stop`` was a 400 ("stop strings cannot be combined with
+    ... parallel_tool_calls=false"), which OpenAI and vLLM serve: the free answer it allows is cut by
+    a stop string as under ``auto``. A forced call still refuses them (it must be written whole)."""
+    fields = {"tools": [WEATHER_TOOL], "max_tokens": 12, "stop": ["a", "e", "o"]}
+    single = chat(runner, client, parallel_tool_calls=False, **fields)
+    (choice,) = single.choices
+    assert choice.finish_reason in ("stop", "length") and not set("aeo") & set(choice.message.content or "")
+    error = refused(runner, lambda **f: chat(runner, client, **f), tool_choice="required", **fields)
+    assert error["param"] == "stop"
+
+
 # -- completions: prompt forms, best_of, echo -------------------------------------------------------------
 
 

@@ -309,8 +309,11 @@ class FrontendModel:
             requested_output_limit(body),
             "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens",
             "messages")
-        tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if policy.is_active else None
-        prompt, images = self.chat_prompt(body, tools, getattr(body, "reasoning_effort", None))
+        # Declared tools are rendered whatever the tool choice (vLLM's default since 0.10, and what
+        # /tokenize counts): under ``none`` the model still knows them, but no call is parsed or allowed.
+        declared = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+        tools = declared if policy.is_active else None
+        prompt, images = self.chat_prompt(body, declared, getattr(body, "reasoning_effort", None))
         answer = None
         if has_structured_output(body):
             answer = parse_response_format(body.response_format.model_dump(by_alias=True, exclude_none=True))

@@ -178,12 +178,13 @@ def tools_are_active(body: ChatOptionsBody) -> bool:
 
 
 def parse_chat_stops(body: ChatOptionsBody, vocab_size: int) -> StopOptions:
-    """The chat body's stops. String stops cannot cut grammar-constrained output: neither a
-    structured answer nor forced tool calls."""
+    """The chat body's stops. String stops cannot cut grammar-constrained output that must be
+    complete: neither a structured answer nor forced tool calls. ``parallel_tool_calls=false`` alone
+    allows a free answer, which a stop string cuts as it cuts one under ``auto`` (a call it cuts is
+    no call, as there): OpenAI and vLLM take the two together (it was a 400 here)."""
     stops = parse_body_stops(body, vocab_size, has_structured_output=has_structured_output(body))
-    if stops.strings and parse_tool_policy(body).needs_grammar:
-        raise ChatOptionError("stop strings cannot be combined with tool_choice forcing a call or parallel_tool_calls=false",
-                              "stop")
+    if stops.strings and parse_tool_policy(body).forces_call:
+        raise ChatOptionError("stop strings cannot be combined with tool_choice forcing a call", "stop")
     return stops
 
 

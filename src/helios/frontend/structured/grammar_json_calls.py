@@ -1,9 +1,11 @@
-"""Forced tool calls in a JSON-call syntax (`ToolSyntaxKind.JSON_CALLS`) as an llguidance Lark grammar.
+"""Tool calls in a JSON-call syntax (`ToolSyntaxKind.JSON_CALLS`) as an llguidance Lark grammar.
 
 When a request forces a call (``tool_choice`` required or a named function) on a model whose tool
-syntax is JSON calls, the answer is exactly the family's call block, written the way its template
-renders one, with each call's arguments constrained by the tool's JSON schema (compact JSON; only
-declared properties unless the schema allows more):
+syntax is JSON calls, the answer is exactly the family's call block (`json_calls_lark`); under
+``parallel_tool_calls: false`` without forcing it is free text, or free text then one call
+(`optional_call_lark`). A block is written the way the family's template renders one, with each
+call's arguments constrained by the tool's JSON schema (compact JSON; only declared properties
+unless the schema allows more):
 
     Hermes          <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>   (blocks joined by \\n)
     Mistral         [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]         (no closer: a JSON array)
@@ -20,7 +22,8 @@ import json
 from typing import Any, Mapping, Sequence
 
 from helios.frontend.structured.grammar import GrammarError
-from helios.frontend.structured.grammar_lark import Speller, json_literal, lark_of
+from helios.frontend.structured.grammar_lark import (LarkRules, Speller, Spelling, avoiding, free_text, json_literal,
+                                                    lark_of, text_then)
 from helios.frontend.structured.grammar_options import OPTIONS_KEY, client_options
 from helios.frontend.structured.grammar_tools import ToolSchema
 from helios.frontend.structured.grammar_values import ValueStyle, safe_bundle, string_pattern
@@ -28,6 +31,11 @@ from helios.frontend.parsers.schema_refs import SchemaDocument
 from helios.frontend.decoding.syntax import JsonCallSyntax
 
 NEWLINE = "\n"
+# Answer text the parser reads as text in a syntax without a block opener (Llama's): it is whitespace,
+# or its first other character starts no JSON value the parser would read as the call block
+# (`json_calls._answer_start`: `str.lstrip`, whose whitespace holds U+001C-U+001F and U+0085 beside
+# the regex's \s).
+_NO_JSON_START = "/(?s:[\\s\\x1c-\\x1f\\x85]+|[\\s\\x1c-\\x1f\\x85]*[^\\s\\x1c-\\x1f\\x85{\\[].*)/"
 
 
 def arguments_schema(tool: ToolSchema, json_options: Mapping, closer: str = "") -> str:
@@ -119,7 +127,11 @@ def _emptied(tool: ToolSchema, bundle: SchemaDocument, value: Mapping, before: M
     return False
 
 
-def _call_rules(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[ToolSchema], json_options: Mapping) -> list[str]:
+def _call_rules(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[ToolSchema], json_options: Mapping,
+                opened: bool = False) -> list[str]:
+    """Rules ``call`` (one call of one of `tools`) and its parts. `opened`: the block opener, which
+    is the invocation opener (Mistral's ``[TOOL_CALLS]NAME[ARGS]``), was written already, so the
+    call starts at its name."""
     rules, names = [], []
     for i, tool in enumerate(tools):
         names.append(f"call_{i}")
@@ -129,7 +141,8 @@ def _call_rules(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[ToolSc
             head = '{"%s": %s, "%s": ' % (syntax.name_key, json.dumps(tool.name), syntax.arguments_key)
             rules.append(f"call_{i}: {json_literal(head)} {arguments} \"}}\"")
         else:
-            parts = [lark_of(speller(syntax.invoke_open)), json_literal(tool.name), lark_of(speller(syntax.name_end)),
+            parts = ["" if opened else lark_of(speller(syntax.invoke_open)), json_literal(tool.name),
+                     lark_of(speller(syntax.name_end)),
                      lark_of(speller(syntax.arguments_open)), arguments, lark_of(speller(syntax.arguments_close)),
                      lark_of(speller(syntax.invoke_close))]
             rules.append(f"call_{i}: " + " ".join(part for part in parts if part))
@@ -162,3 +175,31 @@ def json_calls_lark(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[To
         body = repeated("block", NEWLINE)
         rules.append(f"block: {opener} \"\\n\" call \"\\n\" {closer}")
     return "\n".join([f"start: {body}", *rules]) + "\n"
+
+
+def optional_call_lark(syntax: JsonCallSyntax, speller: Speller, tools: Sequence[ToolSchema], json_options: Mapping,
+                       avoid: Sequence[Spelling] = ()) -> str:
+    """A Lark grammar (``start``) for ``parallel_tool_calls: false`` without a forced call: free
+    answer text, or text then exactly one call block in `syntax` (the block `json_calls_lark` writes
+    for one call), ending the output. The text never spells the block opener (the parser would open
+    a block there) nor any of `avoid`; without an opener (Llama) the answer is the call or text
+    whose first non-whitespace character starts no JSON value (`_NO_JSON_START`). So the model
+    cannot write a second call, where the parser would have read every call it wrote."""
+    if not tools:
+        raise ValueError("a call needs at least one callable tool")
+    rules = LarkRules()
+    calls = _call_rules(syntax, speller, tools, json_options,
+                        opened=not syntax.name_key and syntax.invoke_open == syntax.block_open)
+    if not syntax.block_open:
+        body = f"call | {rules.terminal('text', avoiding(_NO_JSON_START, avoid))}?"
+    else:
+        opener, closer = speller(syntax.block_open), lark_of(speller(syntax.block_close))
+        if not syntax.name_key:  # DeepSeek's markup calls; Mistral's, whose opener opened the call
+            tail = f"call {closer}"
+        elif not syntax.block_close:
+            tail = '"[" call "]"'
+        else:
+            tail = f'"\\n" call "\\n" {closer}'
+        upto_open = text_then(rules, [opener], avoid)[0]
+        body = f"{upto_open} {tail} | {free_text(rules, [opener, *avoid])}?"
+    return rules.text(body) + "\n".join(calls) + "\n"

@@ -9,9 +9,11 @@ the request's `GrammarMatcher`, or None for unconstrained output:
   frames around it (`grammar_frames`, `grammar_channels`); None without an answer grammar;
 - otherwise one grammar for calls and the answer (`grammar_tools` for tag syntaxes,
   `grammar_frames` for recipient frames, `grammar_channels` for harmony frames, where a call ends
-  the output so at most one is written): ``required`` and a named function allow only calls (the
-  named one: exactly one call of it), ``parallel_tool_calls=false`` at most one call, and the answer
-  is the structured one or, without ``response_format``, free text.
+  the output so at most one is written, `grammar_json_calls` for JSON calls): ``required`` and a
+  named function allow only calls (the named one: exactly one call of it),
+  ``parallel_tool_calls=false`` at most one call, and the answer is the structured one or, without
+  ``response_format``, free text. JSON-call syntaxes (whose parser reads no call in a structured
+  answer) constrain the answer alone under ``response_format`` with optional calls.
 
 Whenever a grammar with calls is built, each callable tool's parameters schema is checked first
 (`ToolSchema.parameters_request`), all of them in one `GrammarCompiler.first_failure` (one cached
@@ -33,17 +35,12 @@ from helios.frontend.structured.grammar import (GrammarCompiler, GrammarError, G
                                                GrammarRequest)
 from helios.frontend.structured.grammar_channels import channels_lark
 from helios.frontend.structured.grammar_frames import frames_lark
-from helios.frontend.structured.grammar_json_calls import json_calls_lark
+from helios.frontend.structured.grammar_json_calls import json_calls_lark, optional_call_lark
 from helios.frontend.structured.grammar_lark import Speller
 from helios.frontend.structured.grammar_tools import AnswerKind, CallPolicy, TagEnvelope, ToolSchema, is_markup_name, tag_tool_lark
-from helios.frontend.preparation.prompt import Prompt
+from helios.frontend.preparation.prompt import Prompt, ReasoningState
 from helios.frontend.preparation.request_options import ChatOptionError, ToolChoiceMode, ToolPolicy
 from helios.frontend.decoding.syntax import ToolSyntaxKind
-
-
-# JSON-call syntaxes have a grammar for forced calls only: with a response format and optional calls
-# the answer alone is constrained, and parallel_tool_calls=false without forcing is refused.
-_NO_CALL_GRAMMAR = (ToolSyntaxKind.NONE, ToolSyntaxKind.JSON_CALLS)
 
 
 class OutputConstraints:
@@ -78,8 +75,13 @@ class OutputConstraints:
                 else:
                     self._compiler.compile(answer)  # forced calls leave no answer, but the format must be valid
         syntax, options = self._syntax, self._compiler.json_options
-        if syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS:  # forced calls only (see _call_policy)
-            lark = json_calls_lark(syntax.output.tools, self._speller, calls.tools, calls.single_call, options)
+        if syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS:  # no structured answer here (see _call_policy)
+            if calls.answer is AnswerKind.FREE:  # parallel_tool_calls=false: text, or text then one call
+                lark = optional_call_lark(syntax.output.tools, self._speller, calls.tools, options,
+                                          self._answer_avoids(prompt))
+                reasoning_budget = None  # a free answer needs no room kept: reasoning runs as unconstrained
+            else:
+                lark = json_calls_lark(syntax.output.tools, self._speller, calls.tools, calls.single_call, options)
             with _fault_of("tools"):
                 return self._answer_only(GrammarRequest(GrammarKind.LARK, lark), prompt, reasoning_budget)
         if syntax.has_frames:
@@ -127,15 +129,29 @@ class OutputConstraints:
             envelope = replace(envelope, budget=max(1, budget))
         return self._compiler.compile(answer, envelope)
 
+    def _answer_avoids(self, prompt: Prompt) -> list:
+        """Spellings free answer text never writes: the reasoning opener where the prompt left
+        reasoning unopened (the reasoning parser reads it there as opening reasoning), as the tag
+        grammars' free text avoids it."""
+        think = self._syntax.output.think
+        if think is None or prompt.reasoning_state is not ReasoningState.UNOPENED:
+            return []
+        return [self._speller(think.open)]
+
     def _call_policy(self, answer: GrammarRequest | None, policy: ToolPolicy,
                      tools: Sequence[Mapping[str, Any]] | None) -> CallPolicy | None:
-        """The calls the grammar allows; None when no tool can be called (answer only)."""
+        """The calls the grammar allows; None when no tool can be called (answer only). A JSON-call
+        syntax with a ``response_format`` and optional calls constrains the answer alone, under
+        ``parallel_tool_calls=false`` too (a 400 before): its parser reads a structured answer as
+        answer text (`json_calls`, `AnswerMode.STRUCTURED`), so no call is written to count."""
         callable_tools = ToolSchema.from_openai(tools)
         if policy.mode is ToolChoiceMode.NAMED:
             callable_tools = tuple(tool for tool in callable_tools if tool.name == policy.function)
         spelled = tuple(tool for tool in callable_tools if is_markup_name(tool.name))
         json_calls = self._syntax.output.tool_kind is ToolSyntaxKind.JSON_CALLS
-        if self._syntax.output.tool_kind is ToolSyntaxKind.NONE or not spelled or (json_calls and not policy.forces_call):
+        if json_calls and answer is not None and not policy.forces_call:
+            return None
+        if self._syntax.output.tool_kind is ToolSyntaxKind.NONE or not spelled:
             if policy.needs_grammar:
                 raise ChatOptionError(self._unforceable(policy, callable_tools),
                                       "tool_choice" if policy.forces_call else "parallel_tool_calls")
@@ -151,8 +167,6 @@ class OutputConstraints:
         option = "parallel_tool_calls=false" if not policy.forces_call else f"tool_choice {policy.mode.value!r}"
         if self._syntax.output.tool_kind is ToolSyntaxKind.NONE:
             return f"{option} cannot be honoured: this model's output syntax has no tool calls"
-        if self._syntax.output.tool_kind in _NO_CALL_GRAMMAR:
-            return f"{option} cannot be honoured without forcing a call in this model's JSON tool syntax"
         names = ", ".join(repr(tool.name) for tool in tools)
         return f"{option} cannot be honoured: the tool syntax cannot spell the function names {names}"
 
