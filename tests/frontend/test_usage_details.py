@@ -53,6 +53,15 @@ def test_reasoning_tokens_are_the_tokens_before_the_close_delimiter(qwen, qwen_t
     assert final.usage.completion_tokens == len(answer)
 
 
+@pytest.mark.parametrize("held", ["\n", "\n\n"])
+def test_held_text_alone_cut_by_the_limit_is_reasoning_the_prompt_opened(qwen, qwen_tokenizer, held):
+    """An output of newlines only (text the parser holds as the close delimiter's possible wrapping),
+    cut by the limit in reasoning the prompt opened, is reasoning: it counted none."""
+    thought = ids_of(qwen_tokenizer, held)
+    _, final = run_output(prepared_chat(qwen), thought, FinishReason.LENGTH)
+    assert final.usage.reasoning_tokens == len(thought)
+
+
 def test_reasoning_cut_by_the_output_limit_counts_every_token(qwen, qwen_tokenizer):
     prepared = prepared_chat(qwen)
     thought = ids_of(qwen_tokenizer, "Thinking about 🧪 and\n")

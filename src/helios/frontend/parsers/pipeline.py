@@ -39,7 +39,7 @@ from helios.frontend.parsers.harmony import HarmonyParser
 from helios.frontend.parsers.json_calls import JsonCallParser
 from helios.frontend.parsers.qwen_coder import qwen_coder_grammar
 from helios.frontend.parsers.recipient_frames import RecipientFrameParser
-from helios.frontend.parsers.start import AnswerMode, OutputStart
+from helios.frontend.parsers.start import AnswerMode, OutputStart, ReasoningState
 from helios.frontend.parsers.tool_grammar import NameRule, ToolGrammar
 from helios.frontend.parsers.tag_tools import TagToolParser
 from helios.frontend.parsers.think_tags import ThinkTagParser
@@ -94,10 +94,12 @@ class ReasoningCount:
     """Generated tokens that were reasoning, from the reasoning parser's events of each feed (see the
     module docstring). Owned by one `OutputPipeline`."""
 
-    def __init__(self) -> None:
+    def __init__(self, reasoning_open: bool = False) -> None:
         self.num_tokens = 0
         self._num_held = 0  # tokens fed since the last feed that emitted anything
-        self._is_reasoning = False  # that feed emitted only reasoning text
+        # that feed emitted only reasoning text; before any, whether the prompt opened reasoning (an
+        # output of held text alone, a newline cut by the limit, was reasoning then)
+        self._is_reasoning = reasoning_open
 
     def add(self, events: list[Event], is_token: bool) -> None:
         """One feed's events (`is_token`: the feed is a generated token's, not text flushed at the end)."""
@@ -126,11 +128,11 @@ class OutputPipeline:
     `ResultBuilder`; `result()` is the summary of every event returned so far.
     """
 
-    def __init__(self, first: OutputParser, second: OutputParser | None = None):
+    def __init__(self, first: OutputParser, second: OutputParser | None = None, reasoning_open: bool = False):
         self._first = first
         self._second = second
         self._builder = ResultBuilder()
-        self._reasoning = ReasoningCount()
+        self._reasoning = ReasoningCount(reasoning_open)
         self._finished = False
 
     @classmethod
@@ -159,7 +161,7 @@ class OutputPipeline:
             second = JsonCallParser(syntax.tools, NameRule(request.tools), ids, answer=request.answer)
         elif grammar is not None:
             second = TagToolParser(grammar, NameRule(request.tools), ids, answer=request.answer)
-        return cls(first, second)
+        return cls(first, second, reasoning_open=request.start.reasoning is ReasoningState.OPEN)
 
     def feed(self, token_id: int, text: str) -> list[Event]:
         """`text` ends with generated token `token_id` (a negative id: text no one token ends, flushed
