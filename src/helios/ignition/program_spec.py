@@ -47,7 +47,7 @@ A SPECULATIVE token-logprobs variant then adds `LOGPROB_OUTPUTS` of every verify
 ``token_logprob`` [B, W] (the emitted token's log-probability at each position, -inf past the
 lane's emitted tokens), ``top_token_ids`` / ``top_token_logprobs`` [B, W, K]: for emitted token j,
 exactly what a DECODE variant returns had the lane decoded tokens 0..j-1 one by one (penalty counts
-include them; the grammar mask applies at position 0 only; the lane's bias applies everywhere).
+include them; the lane's mask row and its bias apply at every position).
 
 A core with a draft model (`ProgramOptions.draft`) appends the draft's weights (names prefixed
 ``draft.``) to the weight list and gives every program three more inputs, last:

@@ -1,10 +1,10 @@
 """SPECULATIVE: one complete captured generation round per call.
 
 1. Proposals: the draft model runs D one-token steps per lane from the pending token, drawing
-   proposal j from its sampling distribution (the lane's own logit bias, penalties, temperature and
-   filters) at counter ``position + j`` - or taking the request's copied history candidate j where
-   the host supplied one (history drafting), teacher-forcing the draft with it. Confidence j is the
-   softmax probability of proposal j under the draft's biased logits.
+   proposal j from its sampling distribution (the lane's own logit bias, penalties, temperature,
+   filters and mask row) at counter ``position + j`` - or taking the request's copied history
+   candidate j where the host supplied one (history drafting), teacher-forcing the draft with it.
+   Confidence j is the softmax probability of proposal j under the draft's biased logits.
 2. Lengths: exact host lengths (``lane_tokens`` bound to QUERY_LENGTH), or device allocation of
    causal prefixes within P from the confidence (``lane_tokens`` bound to SPECULATIVE_PREFIX_LIMIT:
    immutable ceilings, ``helios::allocate_prefixes``). Lengths outside the lane limit or the packed
@@ -18,7 +18,10 @@
    (``logit_bias_ids`` / ``logit_bias_values``, per slot, as plain programs take them) is added
    to the target's logits at every position before penalties, filters and the grammar mask, as
    plain sampling adds it, so acceptance and the corrected or bonus token follow the biased
-   distribution.
+   distribution. Every position (and every proposal) applies the lane's mask row, as plain
+   programs apply every row's: an unconstrained lane's clears the vocabulary's excluded ids (an
+   image sentinel inside the sampled range), which a round verified past position 0 when only
+   the first applied it; a constrained lane verifies position 0 alone (a single lane).
 4. Commit: the draft writes its keys/values of the last accepted input (the pending token when none
    was accepted), so its context covers every consumed token (completion cursor lag 0); output
    counts grow by the emitted tokens; the completion record reports offered (= length), accepted,
@@ -146,11 +149,11 @@ class SpeculativeProgram(torch.nn.Module):
         num_copied = torch.where(copy_valid, copied_counts.to(torch.int64), 0)
         token, counts = lanes.pending, controls.output_counts
         tokens, distributions, confidence = [], [], []
+        mask_rows = every_row(rows, token.device)
         for offset in range(self.drafts):
             writable = lanes.active & (offset < lanes.limits)
             step = one_token_step(token, lanes.start + offset, draft.table_rows, writable, self.page_tokens)
             logits = with_logit_bias(step_logits(self.draft, weights, draft, step), *controls.bias)
-            mask_rows = torch.full((rows,), offset == 0, dtype=torch.bool, device=token.device)
             q = self.sampling_weights(logits, controls, counts, controls.grammar_mask, mask_rows)
             drawn = _OPS.draw_weighted(q, controls.seeds, lanes.start + offset + 1, SAMPLE_OFFSET)
             use_copied = offset < num_copied
@@ -212,8 +215,12 @@ class SpeculativeProgram(torch.nn.Module):
         repeated = Controls(controls.seeds, tuple(p.repeat_interleave(width, dim=0) for p in controls.params),
                             controls.grammar_mask.repeat_interleave(width, dim=0),
                             controls.prompt_counts.repeat_interleave(width, dim=0), counts, bias)
-        first = (torch.arange(rows * width, device=lengths.device) % width) == 0
-        target_weights = self.sampling_weights(logits, repeated, counts, repeated.grammar_mask, first)
+        # Every position applies its lane's mask row, as a plain program applies every row's: an
+        # unconstrained lane's clears the vocabulary's excluded ids (an image sentinel), which no
+        # verified position may emit either; a constrained lane is a single lane (width one), its
+        # grammar's mask is that of position 0, the one it verifies.
+        masked = every_row(rows * width, lengths.device)
+        target_weights = self.sampling_weights(logits, repeated, counts, repeated.grammar_mask, masked)
         target_weights = target_weights.reshape(rows, width, vocab)
         counters = lanes.start + 1
         if self.drafts:
@@ -222,26 +229,26 @@ class SpeculativeProgram(torch.nn.Module):
         else:
             token = _OPS.draw_weighted(target_weights[:, 0], controls.seeds, counters, SAMPLE_OFFSET)
             emitted, accepted = torch.where(lengths > 0, token, -1).unsqueeze(-1), torch.zeros_like(lengths)
-        scores = self.emitted_logprobs(logits, emitted, repeated, first) if self.token_logprobs else ()
+        scores = self.emitted_logprobs(logits, emitted, repeated, masked) if self.token_logprobs else ()
         return emitted, accepted, scores
 
-    def emitted_logprobs(self, logits, emitted, repeated: Controls, first) -> tuple[torch.Tensor, ...]:
+    def emitted_logprobs(self, logits, emitted, repeated: Controls, masked) -> tuple[torch.Tensor, ...]:
         """``helios::token_logprobs`` of every emitted token, [B, W] and [B, W, K] (the outputs of a
         token-logprobs variant, see `helios.ignition.program_spec`). Emitted token j is scored under
         the target's distribution at position j (accepted proposal or corrected token alike; a
         correction is drawn from the residual, but its value is the target's): the target's logits
         there with the lane's logit bias (plain programs score the biased logits too), penalty
-        counts including proposals 0..j-1, the grammar mask at position 0 only (a constrained lane
-        is a single lane, width one) - what a DECODE step would score it under had the lane decoded
-        those tokens one by one, so a request's values do not depend on whether its tokens came
-        from speculation. Positions past a lane's last emitted token score token -1
-        (-inf, as a row that samples nothing)."""
+        counts including proposals 0..j-1, the lane's mask row at every position (the excluded ids
+        cleared; a constrained lane is a single lane, width one) - what a DECODE step would score
+        it under had the lane decoded those tokens one by one, so a request's values do not depend
+        on whether its tokens came from speculation. Positions past a lane's last emitted token
+        score token -1 (-inf, as a row that samples nothing)."""
         rows, width = self.rows, self.width
         tokens = torch.cat((emitted, emitted.new_full((rows, width - emitted.shape[1]), -1)), dim=1)
         penalties = repeated.params[4]
         chosen, top_ids, top_values = _OPS.token_logprobs(
             logits, tokens.reshape(-1), penalties, repeated.prompt_counts, repeated.output_counts,
-            repeated.grammar_mask, first, logprob_width(self.arch))
+            repeated.grammar_mask, masked, logprob_width(self.arch))
         return chosen.reshape(rows, width), top_ids.reshape(rows, width, -1), top_values.reshape(rows, width, -1)
 
     def packed_step(self, sequence, start, lengths, table_rows) -> tuple[PackedStep, torch.Tensor]:
@@ -287,6 +294,11 @@ class SpeculativeProgram(torch.nn.Module):
             torch.where(live, lanes.start + accepted + 1, 0), 0,
         )
         return with_emitted(record, emitted, self.record_tokens)
+
+
+def every_row(rows: int, device) -> torch.Tensor:
+    """``mask_rows`` applying each row's grammar-mask row (bool [rows], all True)."""
+    return torch.ones((rows,), dtype=torch.bool, device=device)
 
 
 def with_emitted(record: torch.Tensor, emitted: torch.Tensor, record_tokens: int) -> torch.Tensor:
