@@ -347,7 +347,7 @@ def test_startup_options_the_core_refuses_fail_with_their_type_before_the_load(c
     spawned = record_spawns(monkeypatch)
     assert main(core_argv(core, "--port", "0", "--max-active", "100000")) == 2
     err = capsys.readouterr().err
-    assert "helios serve: error: startup.max_concurrency: 100000 is outside the prepared range" in err, err
+    assert "helios serve: error: --max-active: 100000 is outside the prepared range" in err, err
     (spawn,) = spawned
     assert spawn.process.exitcode == -signal.SIGKILL
 

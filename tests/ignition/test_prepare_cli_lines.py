@@ -89,4 +89,4 @@ def test_a_prefill_given_beyond_the_context_is_still_refused(tmp_path, planned, 
     assert main(["prepare", str(tmp_path / "checkpoint"), "-o", str(tmp_path / "m.core"), "--key",
                  str(tmp_path / "k.key"), "--namespace", "test/lines", "--context-tokens", "100",
                  "--prefill-tokens", "128"]) != 0
-    assert "prefill_tokens 128 exceeds context_tokens (100)" in capsys.readouterr().err and planned == []
+    assert "--prefill-tokens must be in 1..100 (--context-tokens)" in capsys.readouterr().err and planned == []

@@ -65,8 +65,8 @@ def test_compile_workers_reach_the_load_options(flags, workers):
     (["--pages", "0"], "--pages"),
     (["--memory-fraction", "1.5"], "--memory-fraction"),
     (["--image-cache-images", "0"], "--image-cache-images must be positive"),
-    (["--speculative-width", "4"], "startup.speculative_width: 4 is not a prepared width"),
-    (["--history-drafting"], "startup.history_drafting"),
+    (["--speculative-width", "4"], "--speculative-width: 4 is not a prepared width"),
+    (["--history-drafting"], "--history-drafting: history drafting requires"),
 ])
 def test_bad_flag_values_are_usage_errors(hybrid, capsys, flags, message):  # noqa: F811
     code, tokens, err = _generate(hybrid, capsys, *flags)
