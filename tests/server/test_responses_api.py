@@ -15,9 +15,9 @@ from openai.types.responses import Response as OpenAIResponse
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from helios.server.responses_api import chat_request, response_object
+from helios.server.responses_api import chat_request, responses_param, responses_words
 from helios.server.responses_schema import ResponsesRequest
-from helios.server.responses_stream import EventTranslator
+from helios.server.responses_stream import EventTranslator, folded_response
 from support.asgi_scope import post_scope
 from support.server_core import SERVED_ID, assert_serving
 
@@ -212,7 +212,8 @@ def test_input_items_make_the_chat_conversation():
         {"role": "tool", "content": [{"type": "text", "text": "two"}], "tool_call_id": "c2"},
         {"role": "assistant", "content": "done"}]
     assert paths == {
-        "messages[0]": "instructions", "messages[1]": "input[0]", "messages[2]": "input[2]", "messages[3]": "input[4]",
+        "messages[0]": "instructions", "messages[0].content": "instructions", "messages[1]": "input[0]",
+        "messages[2]": "input[2]", "messages[3]": "input[4]",
         "messages[3].content": "input[4].content", "messages[3].tool_calls[0]": "input[5]",
         "messages[3].tool_calls[1]": "input[6]", "messages[4]": "input[7]", "messages[4].content": "input[7].output",
         "messages[5]": "input[8]", "messages[5].content": "input[8].output", "messages[6]": "input[9]",
@@ -286,6 +287,27 @@ def _chat_chunks(*deltas, finish="stop", usage=None) -> bytes:
     return b"".join(b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
 
 
+def folded(body: ResponsesRequest, raw: bytes, paths: dict | None = None) -> tuple[int, dict]:
+    """The JSON answer (status, body) that `folded_response` makes of the chat stream `raw` (written
+    in two pieces, the first ending inside an event)."""
+
+    async def chat(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for piece in (raw[:len(raw) // 2], raw[len(raw) // 2:]):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def receive():
+        await asyncio.Event().wait()
+
+    answer = asyncio.run(folded_response(chat, body, paths or {}, {"type": "http"}, receive))
+    return answer.status_code, json.loads(answer.body)
+
+
+def without_ids(items):
+    return [{key: value for key, value in item.items() if key != "id"} for item in items]
+
+
 def test_stream_of_reasoning_text_and_calls_matches_the_json_answer():
     """Reasoning, then text, then two calls: the stream's items, in order, are the JSON answer's."""
     body = ResponsesRequest.model_validate({"model": SERVED_ID, "input": "q", "stream": True})
@@ -314,17 +336,9 @@ def test_stream_of_reasoning_text_and_calls_matches_the_json_answer():
         "response.output_item.done", "response.completed"]
     final = events[-1]["response"]
     validated(final)
-    chat = {"id": "chatcmpl-1", "created": 7, "model": SERVED_ID, "usage": {"prompt_tokens": 5, "completion_tokens": 4,
-                                                                           "total_tokens": 9},
-            "choices": [{"index": 0, "finish_reason": "tool_calls", "logprobs": None, "message": {
-                "role": "assistant", "content": "ok", "reasoning_content": "hmm", "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-                    {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "[1]"}}]}}]}
-    expected = response_object(body, chat)
-
-    def without_ids(items):
-        return [{key: value for key, value in item.items() if key != "id"} for item in items]
-
+    status, expected = folded(body, raw)
+    assert status == 200
+    validated(expected)
     assert without_ids(final["output"]) == without_ids(expected["output"])
     assert [item["type"] for item in final["output"]] == ["reasoning", "message", "function_call", "function_call"]
     assert final["output"][0]["content"] == [{"type": "reasoning_text", "text": "hmm"}]
@@ -339,16 +353,7 @@ def test_text_before_calls_of_a_cut_output_is_complete_in_both_forms():
                                                            "function": {"name": "f", "arguments": "{}"}}]},
                        finish="length")
     final = events_of(EventTranslator(body, {}).feed(raw).decode())[-1]["response"]
-    chat = {"id": "chatcmpl-1", "created": 7, "model": SERVED_ID, "usage": {"prompt_tokens": 5, "completion_tokens": 4,
-                                                                           "total_tokens": 9},
-            "choices": [{"index": 0, "finish_reason": "length", "logprobs": None, "message": {
-                "role": "assistant", "content": "ok", "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}]}
-    expected = response_object(body, chat)
-
-    def without_ids(items):
-        return [{key: value for key, value in item.items() if key != "id"} for item in items]
-
+    expected = folded(body, raw)[1]
     assert final["status"] == expected["status"] == "incomplete"
     assert without_ids(final["output"]) == without_ids(expected["output"])
     assert [item["status"] for item in expected["output"]] == ["completed", "completed"]
@@ -359,9 +364,117 @@ def test_service_tier_is_the_tier_that_served(tier):
     """OpenAI's response names the tier that processed the request, not the one asked for: Helios has
     one, ``default`` (``auto`` asked for picks it)."""
     body = ResponsesRequest.model_validate({"model": SERVED_ID, "input": "q", "service_tier": tier})
-    chat = {"id": "chatcmpl-1", "created": 7, "model": SERVED_ID, "usage": None, "choices": [
-        {"index": 0, "finish_reason": "stop", "logprobs": None, "message": {"role": "assistant", "content": "a"}}]}
-    assert response_object(body, chat)["service_tier"] == "default"
+    assert folded(body, _chat_chunks({"content": "a"}))[1]["service_tier"] == "default"
+
+
+def _call(index: int, call_id: str, name: str, arguments: str) -> dict:
+    return {"tool_calls": [{"index": index, "id": call_id, "type": "function",
+                            "function": {"name": name, "arguments": arguments}}]}
+
+
+@pytest.mark.parametrize("deltas, finish, kinds", [
+    # Qwen's parser passes on text after a complete call: a message after the call
+    (({"content": "a"}, _call(0, "c1", "f", "{}"), {"content": "b"}), "stop", ["message", "function_call", "message"]),
+    # harmony interleaves analysis and final: reasoning after the text is an item of its own
+    (({"reasoning_content": "r1"}, {"content": "t"}, {"reasoning_content": "r2"}), "length",
+     ["reasoning", "message", "reasoning"]),
+])
+def test_json_answer_has_the_streams_items_in_the_models_order(deltas, finish, kinds):
+    """Text after a call, reasoning after text: the JSON answer's output is the stream's, item for item
+    and in the model's order (not all text merged into one message before the calls)."""
+    body = ResponsesRequest.model_validate({"model": SERVED_ID, "input": "q", "stream": True,
+                                            "include": ["message.output_text.logprobs"]})
+    entry = {"token": "x", "bytes": [120], "logprob": -0.5, "top_logprobs": []}
+    raw = _chat_chunks(*deltas, finish=finish).replace(b'"logprobs": null, "finish_reason": null',
+                                                       b'"logprobs": {"content": [' + json.dumps(entry).encode()
+                                                       + b'], "refusal": null}, "finish_reason": null')
+    final = events_of(EventTranslator(body, {}).feed(raw).decode())[-1]["response"]
+    status, response = folded(body, raw)
+    assert status == 200
+    validated(response)
+    assert [item["type"] for item in response["output"]] == kinds
+    assert without_ids(response["output"]) == without_ids(final["output"])
+    assert {key: value for key, value in response.items() if key not in ("id", "output")} == {
+        key: value for key, value in final.items() if key not in ("id", "output")}
+    # every chunk's entry is in a message's part (none follows the last message here)
+    assert sum(len(part["logprobs"]) for item in response["output"] if item["type"] == "message"
+               for part in item["content"]) == len(deltas) + 1
+
+
+def test_json_answer_of_a_stream_that_failed_is_the_chat_error():
+    """An error that ended the chat stream: the JSON answer is the chat error body with the status its
+    code says, its param the Responses field."""
+    body = ResponsesRequest.model_validate({"model": SERVED_ID, "input": "q"})
+    error = {"error": {"message": "boom", "type": "execution_error", "param": "messages", "code": 500}}
+    raw = _chat_chunks({"content": "a"}).split(b"data: [DONE]")[0].split(b"data: {", 3)
+    raw = b"data: {".join(raw[:3]) + b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n"
+    assert folded(body, raw, {"messages[0]": "input"}) == (500, {"error": {**error["error"], "param": "input"}})
+
+
+def test_sdk_final_stream_response_is_the_created_response(runner, client):
+    """The client's ``responses.stream(...).get_final_response()`` is ``responses.create(...)``'s
+    Response (ids and times aside) for the same greedy request (a forced call, which completes: the
+    client's final response needs ``response.completed``)."""
+    kwargs = {"model": SERVED_ID, "input": "Weather in Paris?", "tools": [WEATHER], "tool_choice": "required",
+              "parallel_tool_calls": False, "temperature": 0, "include": ["message.output_text.logprobs"],
+              "top_logprobs": 1}
+
+    async def scenario():
+        created = await client.responses.create(**kwargs)
+        async with client.responses.stream(**kwargs) as stream:
+            final = await stream.get_final_response()
+        return created.model_dump(), final.model_dump()
+
+    created, final = runner.run(scenario())
+    for response in (created, final):
+        response.pop("id"), response.pop("created_at"), response["usage"].pop("input_tokens_details")
+        # each call's id is its own; parsed_arguments: the stream helper's parse (of no strict tool: None)
+        response["output"] = [{key: value for key, value in item.items()
+                               if key not in ("id", "call_id", "parsed_arguments")} for item in response["output"]]
+    assert created == final and created["status"] == "completed"
+    assert "function_call" in [item["type"] for item in created["output"]]
+
+
+@pytest.mark.parametrize("fields", [{"tool_choice": "auto"}, {"tool_choice": "none", "tools": []},
+                                    {"tool_choice": "auto", "tools": []}, {"tools": []}])
+def test_tool_choice_auto_or_none_without_tools_is_answered(runner, http, fields):
+    """tool_choice auto (the Responses API's default, which every response echoes) or none with no
+    tools says nothing: answered, not the chat path's 400 for auto without tools."""
+    answer = post(runner, http, "/v1/responses", {"input": "hello", "max_output_tokens": 2, **fields})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["tool_choice"] == fields.get("tool_choice", "auto") and answer.json()["tools"] == []
+    for choice in ("required", {"type": "function", "name": "f"}):  # these still need a tool
+        refused = post(runner, http, "/v1/responses", {"input": "hello", **fields, "tool_choice": choice})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tool_choice", refused.text
+
+
+def test_a_client_leaving_a_json_request_cancels_it(runner, app, served):
+    """A non-streamed request whose client leaves while it runs: its request ends (cancelled, or done
+    first) and its admission permit is released; the server serves on."""
+    payload = json.dumps({"model": SERVED_ID, "input": "hello", "max_output_tokens": 200}).encode()
+    sent = []
+
+    async def scenario():
+        requested = asyncio.Event()
+
+        async def receive():
+            if not requested.is_set():
+                requested.set()
+                return {"type": "http.request", "body": payload, "more_body": False}
+            while not served.admission.in_use:  # gone once the request runs
+                await asyncio.sleep(0.001)
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        await asyncio.wait_for(app(post_scope("/v1/responses", payload), receive, send), 60)
+        while served.admission.in_use:
+            await asyncio.sleep(0.01)
+
+    runner.run(asyncio.wait_for(scenario(), 120))
+    assert sent and sent[0]["status"] in (200, 499)
+    assert_serving(app, served)
 
 
 def test_stream_error_event_names_the_responses_field():
@@ -374,6 +487,35 @@ def test_stream_error_event_names_the_responses_field():
         b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")).decode())
     assert events[-1] == {"type": "error", "sequence_number": len(events) - 1, "code": "execution_error",
                           "message": "boom", "param": "input"}
+
+
+def test_chat_errors_name_the_responses_fields_never_client_text(runner, http):
+    """A schema error names text.format.schema (not chat's response_format.json_schema.schema); a tool
+    the client named like a chat field keeps its name in the message."""
+    bad_ref = {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}
+    answer = post(runner, http, "/v1/responses", {"input": "hello", "text": {"format": {
+        "type": "json_schema", "name": "s", "schema": bad_ref}}})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "text.format", answer.text
+    assert answer.json()["error"]["message"].startswith("text.format.schema: "), answer.text
+    tool = {**WEATHER, "name": "response_format"}
+    choice = {"type": "function", "name": "max_completion_tokens"}
+    answer = post(runner, http, "/v1/responses", {"input": "hello", "tools": [tool], "tool_choice": choice})
+    assert answer.status_code == 400 and "'max_completion_tokens'" in answer.json()["error"]["message"], answer.text
+
+
+def test_chat_params_are_the_responses_fields():
+    """Chat error params spelled as the Responses fields: a string input's or the instructions' content is
+    the field itself, the named function's name is tool_choice.name, a schema path is under text.format."""
+    body = ResponsesRequest.model_validate({"model": "m", "instructions": "sys", "input": "q"})
+    paths = chat_request(body)[1]
+    assert responses_param("messages[0].content", paths) == "instructions"
+    assert responses_param("messages[1].content", paths) == "input"
+    assert responses_param("messages[1].content[0]", paths) == "input[0]"
+    assert responses_param("tool_choice.function.name", paths) == "tool_choice.name"
+    assert responses_param("response_format.json_schema.schema", paths) == "text.format.schema"
+    assert responses_words("messages[1].content: response_format.json_schema.schema is bad; tool "
+                           "'response_format' and \"reasoning_effort\" are the client's", paths) == (
+        "input: text.format.schema is bad; tool 'response_format' and \"reasoning_effort\" are the client's")
 
 
 @pytest.mark.parametrize("fields, param, words", [

@@ -1,10 +1,11 @@
 """OpenAI's Responses API (``POST /v1/responses``) over the chat completion path, statelessly.
 
-A `ResponsesRequest` becomes one chat completion body (`chat_request`), which runs through
+A `ResponsesRequest` becomes one streamed chat completion body (`chat_request`), which runs through
 `ServedModel.respond` exactly as a ``/v1/chat/completions`` request does (validation, admission,
 preparation, the engine, disconnect handling, the access log: `helios.server.responses_route`); the
-chat response is then presented as a Response object (`response_object`) or, streamed, as the
-Responses API's typed events (`helios.server.responses_stream`). No response is stored.
+chat stream is presented as the Responses API's typed events (`helios.server.responses_stream`) or,
+not streamed, folded into the Response object its terminal event carries, so both forms give the same
+output items in the model's order. No response is stored.
 
 The mapping: ``instructions`` is a system message before the input; ``input`` is a user message
 (a string) or items in order: messages (``input_text`` / ``output_text`` parts as text,
@@ -13,17 +14,25 @@ The mapping: ``instructions`` is a system message before the input; ``input`` is
 messages, ``reasoning`` items as the reasoning of the assistant turn that follows them;
 ``max_output_tokens`` is ``max_completion_tokens``, ``text.format`` ``response_format``,
 ``reasoning.effort`` ``reasoning_effort``, ``include: ["message.output_text.logprobs"]`` ``logprobs``
-(with ``top_logprobs``; ``top_logprobs`` alone returns nothing, as in OpenAI's API), tools unnested.
-An error the chat path raises names the Responses field (``max_output_tokens``, ``input[2]``, ...).
+(with ``top_logprobs``; ``top_logprobs`` alone returns nothing, as in OpenAI's API), tools unnested;
+``tool_choice`` ``auto`` or ``none`` without tools (the Responses API's default, echoed on every
+response) is left out. An error the chat path raises names the Responses field (``max_output_tokens``,
+``input[2]``, ``text.format.schema``, ...) in its ``param`` and message; quoted client text (a tool's
+name, a value) in the message is never rewritten.
 
-The output: a ``reasoning`` item (``content``: one ``reasoning_text`` part; ``summary`` empty) when the
-model reasoned, a ``message`` item with one ``output_text`` part (``annotations: []``, and
-``logprobs`` when included) unless the model only called functions, then a ``function_call`` item per
-call. ``status`` is ``completed``, or ``incomplete`` with ``incomplete_details.reason``
-``max_output_tokens`` when the output limit (or the context) ended it; an output a grammar ended
-early (``grammar_dead_end``, ``grammar_limit``: see the chat finish reasons) is ``incomplete`` with that
-reason. ``usage`` counts the chat usage's tokens: ``input_tokens_details.cached_tokens`` and
-``output_tokens_details.reasoning_tokens`` where the chat usage has them, else 0.
+The output, in the model's order: a ``reasoning`` item (``content``: one ``reasoning_text`` part;
+``summary`` empty) per stretch of reasoning, a ``message`` item (one ``output_text`` part,
+``annotations: []``, and ``logprobs`` when included) per stretch of answer text, a ``function_call``
+item per call; an output with no message and no call ends with an empty message. A message's
+``logprobs`` hold the entries the chat stream delivered while the message was streamed or, before it,
+since the previous message ended (those of reasoning before it included); entries delivered after the
+last message ended (calls after it) are in no part. ``status`` is ``completed``, or ``incomplete``
+with ``incomplete_details.reason`` ``max_output_tokens`` when the output limit (or the context) ended
+it (a message it cut, the last item, is ``incomplete``; items before it were done); an output a
+grammar ended early (``grammar_dead_end``, ``grammar_limit``: see the chat finish reasons) is
+``incomplete`` with that reason. ``usage`` counts the chat usage's tokens:
+``input_tokens_details.cached_tokens`` and ``output_tokens_details.reasoning_tokens`` where the chat
+usage has them, else 0.
 """
 
 from __future__ import annotations
@@ -69,8 +78,9 @@ def chat_messages(body: ResponsesRequest) -> tuple[list[dict], dict[str, str]]:
     """The chat messages of `body`'s instructions and input, and where each part of them came from:
     chat paths (``messages[k]``, an assistant message's ``messages[k].content`` and
     ``messages[k].tool_calls[j]``, a tool message's ``messages[k].content``) mapped to the Responses
-    fields (``instructions``, ``input``, ``input[i]``, ``input[i].content``, ``input[i].output``); an
-    assistant message made of several items is named by its first."""
+    fields (``instructions``, ``input``, ``input[i]``, ``input[i].content``, ``input[i].output``; the
+    content of the instructions or of a string input is that field); an assistant message made of
+    several items is named by its first."""
     messages: list[dict] = []
     paths: dict[str, str] = {}
 
@@ -81,9 +91,9 @@ def chat_messages(body: ResponsesRequest) -> tuple[list[dict], dict[str, str]]:
         return key
 
     if body.instructions is not None:
-        add({"role": "system", "content": body.instructions}, "instructions")
-    if isinstance(body.input, str):
-        add({"role": "user", "content": body.input}, "input")
+        paths[add({"role": "system", "content": body.instructions}, "instructions") + ".content"] = "instructions"
+    if isinstance(body.input, str):  # its content is the field itself (no .content under a text)
+        paths[add({"role": "user", "content": body.input}, "input") + ".content"] = "input"
         return messages, paths
     turn: dict | None = None  # the assistant message being assembled from consecutive items
     reasoning: list[str] = []  # reasoning items' text, for the next assistant turn
@@ -149,9 +159,8 @@ def chat_request(body: ResponsesRequest) -> tuple[ChatCompletionRequest, dict[st
     """The chat completion body that answers `body`, and where its messages came from (`chat_messages`)."""
     check_stateless(body)
     messages, paths = chat_messages(body)
-    chat: dict = {"model": body.model, "messages": messages}
-    if body.stream:
-        chat.update(stream=True, stream_options={"include_usage": True})
+    # streamed either way: a JSON answer is the stream's events folded (`responses_stream.folded_response`)
+    chat: dict = {"model": body.model, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
     for name, value in (("max_completion_tokens", body.max_output_tokens), ("temperature", body.temperature),
                         ("top_p", body.top_p), ("user", body.user), ("parallel_tool_calls", body.parallel_tool_calls),
                         ("safety_identifier", body.safety_identifier), ("prompt_cache_key", body.prompt_cache_key),
@@ -162,7 +171,9 @@ def chat_request(body: ResponsesRequest) -> tuple[ChatCompletionRequest, dict[st
         chat["tools"] = [{"type": "function",
                           "function": tool.model_dump(exclude={"type"}, exclude_none=True, by_alias=True)}
                          for tool in body.tools]
-    if body.tool_choice is not None:
+    if body.tool_choice is not None and (body.tools or body.tool_choice not in ("auto", "none")):
+        # auto (the Responses API's default, echoed on every response) and none say nothing without tools:
+        # left out, as the chat path refuses auto without tools; required or a named function stays its 400
         choice = body.tool_choice
         named = None if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
         chat["tool_choice"] = named or choice
@@ -197,7 +208,14 @@ def _chat_loc(loc) -> str:
 _CHAT_PARAMS = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
                 "response_format": "text.format", "reasoning_effort": "reasoning.effort", "logprobs": "include",
                 "chat_template_kwargs": "reasoning.effort", "messages": "input"}
-_CHAT_WORDS = re.compile(r"\b(max_completion_tokens|response_format|reasoning_effort)\b")
+# chat field paths whose Responses field is spelled differently below its top level (the schema and the
+# named function unnested)
+_CHAT_PATHS = {"response_format.json_schema": "text.format", "tool_choice.function": "tool_choice"}
+# a chat field named in an error's message: a path (`_CHAT_PATHS`) or a field (`_CHAT_PARAMS`); a quoted span
+# (the client's text: a tool's name, a value) is matched first and kept as it is
+_CHAT_WORDS = re.compile(r"""(?<!\w)'(?:[^'\\]|\\.)*'(?!\w)|(?<!\w)"(?:[^"\\]|\\.)*"|"""
+                         r"\b(response_format\.json_schema|tool_choice\.function|max_completion_tokens|response_format"
+                         r"|reasoning_effort)\b")
 # a chat path into the messages: the message, its tool calls or one of them (its function's fields unnested) or
 # the content
 _MESSAGE_PATH = re.compile(r"\bmessages\[(\d+)\](?:(\.tool_calls(?:\[\d+\])?)(?:\.function)?|(\.content))?")
@@ -222,6 +240,9 @@ def responses_param(param: str | None, paths: dict[str, str]) -> str | None:
         return _MESSAGE_PATH.sub(lambda match: _responses_path(match, paths), param, count=1)
     if _TOOL_PARAM.match(param):
         return _TOOL_PARAM.sub(r"tools[\1]", param)
+    for chat, responses in _CHAT_PATHS.items():
+        if param == chat or param.startswith(chat + "."):
+            return responses + param[len(chat):]
     renamed = _CHAT_PARAMS.get(param.partition(".")[0].split("[")[0])
     return renamed if renamed is not None else param
 
@@ -242,7 +263,12 @@ def renamed_error(error: BaseException, paths: dict[str, str]) -> BaseException:
 def responses_words(message: str, paths: dict[str, str]) -> str:
     """A chat error's message with the chat fields it names spelled as the Responses fields."""
     message = _MESSAGE_PATH.sub(lambda match: _responses_path(match, paths), message)
-    return _CHAT_WORDS.sub(lambda match: _CHAT_PARAMS[match.group(1)], message)
+
+    def renamed(match: re.Match) -> str:
+        word = match.group(1)
+        return match.group(0) if word is None else _CHAT_PATHS.get(word) or _CHAT_PARAMS[word]
+
+    return _CHAT_WORDS.sub(renamed, message)
 
 
 # -- response --------------------------------------------------------------------------------------
@@ -318,26 +344,3 @@ def output_logprobs(chat_logprobs: dict | None) -> list | None:
              "top_logprobs": [{"token": t["token"], "bytes": t["bytes"], "logprob": t["logprob"]}
                               for t in e.get("top_logprobs") or ()]}
             for e in chat_logprobs.get("content") or ()]
-
-
-def response_object(body: ResponsesRequest, chat: dict) -> dict:
-    """The Response object of a (non-streamed) chat completion body answering `body`."""
-    choice = chat["choices"][0]
-    message = choice["message"]
-    status, incomplete = outcome(choice["finish_reason"])
-    calls = message.get("tool_calls") or ()
-    # the message is cut only where it is the last item: calls after it mean its text was done (as the
-    # stream closes it, completed, when the first call starts)
-    item_status = "incomplete" if status == "incomplete" and not calls else "completed"
-    response = response_shell(body, new_id("resp"), chat["created"], chat["model"])
-    output = response["output"]
-    if message.get("reasoning_content"):
-        output.append(reasoning_item(new_id("rs"), message["reasoning_content"]))
-    if message.get("content") or not calls:
-        output.append(message_item(new_id("msg"), item_status, message.get("content") or "",
-                                   output_logprobs(choice.get("logprobs"))))
-    for call in calls:
-        output.append(function_call_item(new_id("fc"), "completed", call["id"], call["function"]["name"],
-                                         call["function"]["arguments"]))
-    response.update(status=status, incomplete_details=incomplete, usage=usage_object(chat.get("usage")))
-    return response

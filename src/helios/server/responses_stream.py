@@ -10,12 +10,15 @@ the chat chunks into typed events, each ``event: <type>`` and ``data: <json>`` w
   ``response.content_part.added`` (a ``reasoning_text`` part), ``response.reasoning_text.delta``
   events, ``response.reasoning_text.done`` and ``response.content_part.done``; a message's
   ``response.content_part.added`` (an ``output_text`` part), ``response.output_text.delta`` events
-  (``logprobs``: the entries of the tokens the delta's chunk carried, when included),
+  (``logprobs``, when included: the entries delivered since the previous delta's, so those of
+  reasoning or calls before the text go with its first delta; entries delivered after a message's
+  last delta go with its done events' part, those after the last message ended with no event),
   ``response.output_text.done`` and ``response.content_part.done``; a function call's
   ``response.function_call_arguments.delta`` events and ``response.function_call_arguments.done``;
   then ``response.output_item.done`` with the whole item;
-- ``response.completed`` (or ``response.incomplete``) with the whole Response, usage included: its
-  ``output`` is what the JSON answer's would be (`helios.server.responses_api.response_object`).
+- ``response.completed`` (or ``response.incomplete``) with the whole Response, usage included: the
+  JSON answer is this Response (`folded_response` runs the same chat stream through an
+  `EventTranslator`), so the two forms agree item for item.
 
 An error once the events are flowing (the chat stream's ``event: error``) is one ``error`` event
 (``code``: the error's type, ``message``, ``param``), the last. The chat stream's ``[DONE]`` is not
@@ -26,10 +29,11 @@ from __future__ import annotations
 
 import json
 
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from helios.frontend.responses.sse_encoding import encode_json
+from helios.server.access import CLIENT_CLOSED_REQUEST
 from helios.server.responses import TRANSPORT_SEND
 from helios.server.responses_api import (
     function_call_item, message_item, new_id, outcome, output_logprobs, reasoning_item, response_shell, responses_param,
@@ -57,16 +61,22 @@ class EventTranslator:
         self._pending: list[dict] = []  # log-probability entries not yet sent with a text delta
         self._finish_reason: str | None = None
         self._usage: dict | None = None
+        self.response: dict | None = None  # the final Response, once the terminal event is made
+        self.error: dict | None = None  # the chat error body (its param the Responses field) that ended it
 
-    def feed(self, data: bytes) -> bytes:
-        """The events of the chat stream's next bytes (complete SSE blocks; a partial one waits)."""
+    def events(self, data: bytes) -> list[dict]:
+        """The events (objects) of the chat stream's next bytes (complete SSE blocks; a partial one waits)."""
         self._buffer += data
         *blocks, self._buffer = self._buffer.split(b"\n\n")
         events: list[dict] = []
         for block in blocks:
             if block:
                 events += self._block(block)
-        return b"".join(sse_event(event) for event in events)
+        return events
+
+    def feed(self, data: bytes) -> bytes:
+        """The events of the chat stream's next bytes, as SSE (`events`)."""
+        return b"".join(sse_event(event) for event in self.events(data))
 
     def _block(self, block: bytes) -> list[dict]:
         name, data = None, b""
@@ -212,12 +222,39 @@ class EventTranslator:
         self._response.update(status=status, incomplete_details=incomplete, output=self._items,
                               usage=usage_object(self._usage))
         kind = "response.completed" if status == "completed" else "response.incomplete"
+        self.response = self._snapshot()
         return [self._event(kind, response=self._snapshot())]
 
     def _error(self, error: dict) -> list[dict]:
         param = error.get("param")
-        return [self._event("error", code=error.get("type"), message=error.get("message", ""),
-                            param=responses_param(param, self._paths) if isinstance(param, str) else None)]
+        param = responses_param(param, self._paths) if isinstance(param, str) else None
+        self.error = {**error, "param": param}
+        return [self._event("error", code=error.get("type"), message=error.get("message", ""), param=param)]
+
+
+async def folded_response(chat: Response, body: ResponsesRequest, paths: dict[str, str], scope: Scope,
+                          receive: Receive) -> Response:
+    """The non-streamed answer: the chat path's streamed response `chat` run to its end (its lease,
+    and a client's disconnect cancelling it, as a stream's), its events folded into the Response
+    object of the terminal event, so the JSON answer's output is the stream's, item for item, in the
+    model's order (the chat JSON body, one text and its calls after it, cannot say that order). An
+    error that ended the stream is its chat error body (``param`` the Responses field) with the
+    status the chat JSON answer has (its ``code``)."""
+    translator = EventTranslator(body, paths)
+
+    async def fold(message) -> None:
+        if message["type"] == "http.response.body":
+            translator.events(message.get("body", b""))
+
+    await chat(chat_scope(scope), receive, fold)
+    if translator.response is not None:
+        return JSONResponse(translator.response, status_code=200)
+    if translator.error is not None:
+        code = translator.error.get("code")
+        return JSONResponse({"error": translator.error}, status_code=code if isinstance(code, int) else 500)
+    # the client left (or the server dropped the connection): the stream ended quietly, its request
+    # cancelled; nobody reads this answer
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
 def chat_scope(scope: Scope) -> Scope:
