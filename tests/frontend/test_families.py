@@ -70,7 +70,8 @@ def family(request, tmp_path_factory, qwen_tokenizer, deepseek_tokenizer):
     served.shutdown()
 
 
-def post(family, body: dict) -> dict:
+def served_chat(family, body: dict) -> httpx.Response:
+    """`body` answered by the family's app (a 200, asserted)."""
     _, _, _, app, runner = family
 
     async def call():
@@ -80,7 +81,11 @@ def post(family, body: dict) -> dict:
 
     response = runner.run(call())
     assert response.status_code == 200, response.text
-    return response.json()
+    return response
+
+
+def post(family, body: dict) -> dict:
+    return served_chat(family, body).json()
 
 
 def test_prepare_declares_the_family_from_its_template(family):
@@ -249,13 +254,4 @@ def accepts(matcher, ids) -> bool:
 
 
 def post_stream(family, body: dict) -> str:
-    _, _, _, app, runner = family
-
-    async def call():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
-            return await client.post("/v1/chat/completions", json=body)
-
-    response = runner.run(call())
-    assert response.status_code == 200, response.text
-    return response.text
+    return served_chat(family, body).text
