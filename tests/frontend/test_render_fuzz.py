@@ -17,7 +17,8 @@ the reference is transformers' rendering of the same conversation:
   template receives as none, ``tool_calls`` null or ``[]`` are no calls (the key is left out), and
   tool-call arguments reach the template as the family's reference wants them (test_families: JSON
   text for DeepSeek's string concatenation, an object elsewhere);
-- tools are rendered unless tool_choice is ``"none"`` or the list is empty (the documented policy);
+- declared tools are rendered whatever tool_choice says (``"none"`` included, as vLLM renders them by
+  default) unless the list is empty (the documented policy);
   developer messages render as system messages where the core declares no developer role;
 - ``reasoning_effort`` is the template's ``reasoning_effort`` argument (gpt-oss reads it, and grades
   only low, medium and high: another effort is refused), and ``enable_thinking`` (or DeepSeek-V3.1's
@@ -288,8 +289,6 @@ def reference(case: FamilyCase, hf, body: dict, developer_as_system: bool) -> tu
     ``sanitize_control_tokens``; raises where its template does. The messages are rendered as given
     (`render_jinja_template`): `apply_chat_template` would drop a null content."""
     tools = body.get("tools") or None
-    if body.get("tool_choice") == "none":
-        tools = None
     messages = reference_messages(case, body["messages"], developer_as_system)
     control, marked = chat_template_utils._get_control_token_patterns(control_tokens(hf))
     kwargs = dict(body.get("chat_template_kwargs") or {})
