@@ -60,17 +60,24 @@ def logprob_run(runtime, specs):
     return tokens, logprobs
 
 
+def one_rank_and_two_speculating(cores, draft_core, specs):
+    """(`logprob_run` of `specs` on one rank decoding plainly, the same on the two-rank draft core,
+    the draft core's `Counting`)."""
+    with running(cores.open(cores.core(QWEN3, 1))) as runtime:
+        plain = logprob_run(runtime, specs)
+    counting = Counting()
+    with running(cores.open(draft_core)) as runtime:
+        counting.wrap(runtime.engine.executor)
+        speculated = logprob_run(runtime, specs)
+    return plain, speculated, counting
+
+
 def test_two_ranks_speculate_with_the_logprobs_one_rank_decodes(cores, draft_core):
     # greedy lanes and penalized ones (each token scored with the counts of the round's tokens before it)
     penalized = SamplingParams(presence_penalty=0.6, frequency_penalty=0.4, repetition_penalty=1.3)
     specs = [RequestSpec(f"g{i}", tuple(p), MAX_TOKENS, top_logprobs=3) for i, p in enumerate(PROMPTS)]
     specs += [RequestSpec("p", tuple(PROMPTS[2]), MAX_TOKENS, top_logprobs=2, sampling=penalized)]
-    with running(cores.open(cores.core(QWEN3, 1))) as runtime:  # one rank, plain decoding
-        expected_tokens, expected = logprob_run(runtime, specs)
-    counting = Counting()
-    with running(cores.open(draft_core)) as runtime:
-        counting.wrap(runtime.engine.executor)
-        tokens, logprobs = logprob_run(runtime, specs)
+    (expected_tokens, expected), (tokens, logprobs), counting = one_rank_and_two_speculating(cores, draft_core, specs)
     assert counting.rounds > 0 and counting.accepted > 0
     assert tokens == expected_tokens
     for spec in specs:
@@ -86,12 +93,7 @@ def test_two_ranks_speculate_biased_lanes_as_one_rank_decodes(cores, draft_core)
     biases = (((7, 3.0), (11, -100.0)), ((42, 100.0),), ())
     specs = [RequestSpec(f"b{i}", tuple(p), MAX_TOKENS, top_logprobs=2, logit_bias=bias)
              for i, (p, bias) in enumerate(zip(PROMPTS, biases))]
-    with running(cores.open(cores.core(QWEN3, 1))) as runtime:  # one rank, plain decoding
-        expected_tokens, expected = logprob_run(runtime, specs)
-    counting = Counting()
-    with running(cores.open(draft_core)) as runtime:
-        counting.wrap(runtime.engine.executor)
-        tokens, logprobs = logprob_run(runtime, specs)
+    (expected_tokens, expected), (tokens, logprobs), counting = one_rank_and_two_speculating(cores, draft_core, specs)
     assert counting.rounds > 0 and counting.accepted > 0
     assert all(counting.speculated[spec.request_id] > 0 for spec in specs)  # the biased lanes too
     assert tokens == expected_tokens and tokens["b1"] == [42] * MAX_TOKENS

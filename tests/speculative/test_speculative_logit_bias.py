@@ -31,10 +31,9 @@ from helios.contract import PreparedContract
 from helios.contract import manifest_pb2 as mpb
 from helios.contract import serving_pb2 as spb
 from helios.ignition.recipes import load_checkpoint
-from helios.runtime.engine import EngineRequest
 from helios.runtime.execution.geometry import capacities_for
 from helios.runtime.loading.model import LoadedModel
-from helios.runtime.records.events import FinishEvent, FinishReason, TokenEvent
+from helios.runtime.records.events import TokenEvent
 from helios.runtime.records.request import RequestSpec
 from helios.runtime.records.sampling_params import SamplingParams
 from helios.runtime.scheduling.policy import SchedulerPolicy
@@ -42,7 +41,7 @@ from ignition.hf_checkpoints import LLAMA2, random_model, write_checkpoint
 from runtime.stress import capacity_plan, stress_model
 
 from .support import eager_runtime, truncated
-from .test_speculative_logprobs_paths import Parity, close
+from .test_speculative_logprobs_paths import close, run_to_length
 
 PROMPTS = [(5, 9, 17, 3, 44, 2, 8), (1, 2, 3)]
 MAX_TOKENS = 12
@@ -64,13 +63,7 @@ def model_of(recipe, draft: str = "layer") -> LoadedModel:
 def run(model: LoadedModel, specs, speculative: bool, grammars=()):
     """(tokens by request, logprobs by request, Counting) of `specs` submitted at once."""
     engine, counting = eager_runtime(model, SchedulerPolicy(speculative=speculative))
-    events = {spec.request_id: [] for spec in specs}
-    for spec in specs:
-        grammar = Parity() if spec.request_id in grammars else None
-        engine.submit(EngineRequest(spec, events[spec.request_id].append, grammar=grammar))
-    engine.run_until_idle()
-    for request_id, received in events.items():
-        assert [e.reason for e in received if isinstance(e, FinishEvent)] == [FinishReason.LENGTH], request_id
+    events = run_to_length(engine, specs, grammars)
     tokens = {r: [t for e in evs if isinstance(e, TokenEvent) for t in e.token_ids] for r, evs in events.items()}
     logprobs = {r: [lp for e in evs if isinstance(e, TokenEvent) for lp in e.logprobs or ()]
                 for r, evs in events.items()}

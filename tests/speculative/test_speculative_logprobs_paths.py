@@ -70,6 +70,16 @@ def run(recipe, specs, speculative: bool, draft: str = "layer", startup=StartupO
     """(tokens, logprobs, prompt scores by request, Counting) of `specs` submitted at once."""
     model = stress_model(recipe, recipe if draft == "target" else truncated(recipe, 1), capacity_plan(4), startup)
     engine, counting = eager_runtime(model, SchedulerPolicy(speculative=speculative))
+    events = run_to_length(engine, specs, grammars)
+    tokens = {r: [t for e in evs if isinstance(e, TokenEvent) for t in e.token_ids] for r, evs in events.items()}
+    logprobs = {r: [lp for e in evs if isinstance(e, TokenEvent) for lp in e.logprobs] for r, evs in events.items()}
+    scores = {r: [s for e in evs if isinstance(e, PromptScoresEvent) for s in e.scores] for r, evs in events.items()}
+    return tokens, logprobs, scores, counting
+
+
+def run_to_length(engine, specs, grammars=()) -> dict[str, list]:
+    """Each spec's events, every spec submitted before the first step (those named in `grammars`
+    with a `Parity` grammar), run until idle; each request must end at its output limit."""
     events = {spec.request_id: [] for spec in specs}
     for spec in specs:
         grammar = Parity() if spec.request_id in grammars else None
@@ -78,10 +88,7 @@ def run(recipe, specs, speculative: bool, draft: str = "layer", startup=StartupO
     for request_id, received in events.items():
         finishes = [e.reason for e in received if isinstance(e, FinishEvent)]
         assert finishes == [FinishReason.LENGTH], (request_id, received[-1])
-    tokens = {r: [t for e in evs if isinstance(e, TokenEvent) for t in e.token_ids] for r, evs in events.items()}
-    logprobs = {r: [lp for e in evs if isinstance(e, TokenEvent) for lp in e.logprobs] for r, evs in events.items()}
-    scores = {r: [s for e in evs if isinstance(e, PromptScoresEvent) for s in e.scores] for r, evs in events.items()}
-    return tokens, logprobs, scores, counting
+    return events
 
 
 def close(a: float, b: float) -> bool:
